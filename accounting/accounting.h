@@ -1,0 +1,283 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * accounting: memory budgets and statistics, the API of accounting/.
+ *
+ * A budget is a tree of groups, like memory cgroups.  Each group has a page
+ * counter (usage, max, high, peak, failcnt) charged hierarchically, and
+ * per-thread statistics that every update adds to the group and all its
+ * ancestors.  Charges go through a per-thread stock of pre-charged pages.
+ *
+ * The engine above (cache/) registers a struct budget_ops so that reclaim can
+ * shrink a group's LRU lists without accounting knowing what a folio is.
+ *
+ * Fields other folders may touch: group->lru (owned by cache/), group->parent,
+ * group->name (read-only).  Everything else goes through the functions below.
+ */
+#ifndef ZF_ACCOUNTING_H
+#define ZF_ACCOUNTING_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <urcu/list.h>
+
+#define ZF_PAGE_SHIFT 12
+#define ZF_PAGE_SIZE (1UL << ZF_PAGE_SHIFT)
+
+/* Pages a thread charges at once and keeps in its stock: MEMCG_CHARGE_BATCH */
+#define CHARGE_BATCH 64
+/* Reclaim passes a demand charge may run before it gives up: the kernel's
+ * MAX_RECLAIM_RETRIES. */
+#define MAX_RECLAIM_RETRIES 16
+/* The least a reclaim pass tries to free: SWAP_CLUSTER_MAX. */
+#define SWAP_CLUSTER_MAX 32
+/* Threads with a private statistics slot; later threads share slot 0. */
+#define STAT_SLOTS 64
+/* Deepest group hierarchy accepted (cgroup paths are mirrored). */
+#define GROUP_MAX_DEPTH 32
+#define GROUP_NAME_MAX 64
+
+#define COUNTER_MAX ((long)(LONG_MAX / 2))
+
+static inline unsigned long pages_of_bytes(uint64_t bytes)
+{
+	return (unsigned long)((bytes + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT);
+}
+
+/*
+ * The statistics, declared once: enum, memory.stat names and descriptions
+ * all come from this list.  "gauge" items go up and down (sizes in pages,
+ * printed in bytes like the kernel's memory.stat); "event" items only count
+ * up.  Kernel names where one exists.
+ */
+#define ZF_STAT_LIST(X)                                                        \
+	X(FILE, "file", gauge, "cached file data")                             \
+	X(ACTIVE_FILE, "active_file", gauge, "cached data on active lists")    \
+	X(INACTIVE_FILE, "inactive_file", gauge,                               \
+	  "cached data on inactive lists")                                     \
+	X(DEFERRED_FREE, "deferred_free_pages", gauge,                         \
+	  "hot folio data waiting for a grace period")                         \
+	X(PGFAULT, "pgfault", event, "read requests served")                   \
+	X(PGMAJFAULT, "pgmajfault", event, "reads that waited for backing I/O") \
+	X(PGSCAN, "pgscan", event, "pages scanned by reclaim")                 \
+	X(PGSTEAL, "pgsteal", event, "pages reclaimed")                        \
+	X(PGACTIVATE, "pgactivate", event, "pages moved to active lists")      \
+	X(PGDEACTIVATE, "pgdeactivate", event,                                 \
+	  "pages moved to inactive lists")                                     \
+	X(PGREFILL, "pgrefill", event, "active pages scanned for deactivation") \
+	X(RECLAIM_PASSES, "reclaim_passes", event, "reclaim passes")           \
+	X(RECLAIM_PASSES_RA, "reclaim_passes_ra", event,                       \
+	  "reclaim passes for readahead windows")                              \
+	X(CHARGE_FAIL_DEMAND, "charge_failures_demand", event,                 \
+	  "demand charges that failed after reclaim")                          \
+	X(CHARGE_FAIL_SPEC, "charge_failures_speculative", event,              \
+	  "speculative charges that failed")                                   \
+	X(BOUNCE_READS, "bounce_reads", event,                                 \
+	  "reads served uncached from a bounce buffer")                        \
+	X(FOLIOS_READ, "folios_read", event, "folios filled from backing")     \
+	X(BACKING_BYTES, "backing_bytes", event, "bytes read from backing")    \
+	X(DECOMP_BYTES, "decompressed_bytes", event, "bytes decompressed")     \
+	X(CACHE_HITS, "cache_hits", event, "folio lookups that hit")           \
+	X(CACHE_MISSES, "cache_misses", event, "folio lookups that missed")    \
+	X(LOCKLESS_READS, "lockless_reads", event,                             \
+	  "folio reads without a reference")                                   \
+	X(HOT_FOLIOS, "hot_folios", event, "folios that became hot")           \
+	X(DEFERRED_FREES, "deferred_frees", event,                             \
+	  "folios freed after a grace period")                                 \
+	X(EXPEDITED_GPS, "expedited_gps", event,                               \
+	  "grace periods waited for by reclaim")                               \
+	X(RA_WINDOWS, "ra_windows", event, "readahead windows")                \
+	X(RA_PAGES, "ra_pages", event, "pages read ahead")                     \
+	X(RA_EARLY_STOPS, "ra_early_stops", event,                             \
+	  "readahead windows stopped for lack of budget")                      \
+	X(RA_HITS, "ra_hits", event, "readahead folios read before eviction")  \
+	X(RA_UNUSED_EVICTED, "ra_unused_evicted", event,                       \
+	  "readahead pages evicted never read")                                \
+	X(IO_ERRORS, "io_errors", event, "backing reads that failed")          \
+	X(CORRUPT_FRAMES, "corrupt_frames", event,                             \
+	  "frames that failed to decompress or verify")                        \
+	X(SLOW_FRAMES, "single_frame_warnings", event,                         \
+	  "reads of frames that need streaming from their start")              \
+	X(HIGH_RECLAIMS, "high_reclaim_passes", event,                         \
+	  "background reclaim passes for memory.high")
+
+enum stat_kind { STAT_GAUGE, STAT_EVENT };
+
+enum stat_item {
+#define ZF_STAT_ENUM(id, name, kind, desc) STAT_##id,
+	ZF_STAT_LIST(ZF_STAT_ENUM)
+#undef ZF_STAT_ENUM
+		NR_STATS
+};
+
+struct stat_desc {
+	const char *name;
+	enum stat_kind kind;
+	const char *desc;
+};
+extern const struct stat_desc stat_descs[NR_STATS];
+
+/* memory.events, counted hierarchically like the kernel's memory.events */
+enum group_event { EV_HIGH, EV_MAX, NR_GROUP_EVENTS };
+extern const char *const group_event_names[NR_GROUP_EVENTS];
+
+/* A hierarchical page counter: mirrors the kernel's page_counter. */
+struct counter {
+	atomic_long usage;   /* pages charged here and below */
+	atomic_long max;     /* hard limit; a charge never passes it */
+	atomic_long high;    /* above it, background reclaim runs */
+	atomic_long peak;    /* highest usage seen (racy raise, like watermark) */
+	atomic_long failcnt; /* charges refused at this level */
+	struct counter *parent;
+};
+
+struct budget;
+
+struct group {
+	struct counter mem;
+	struct group *parent;
+	struct budget *budget;
+	char name[GROUP_NAME_MAX];
+	unsigned int depth;
+	unsigned int id;
+	/* children and sibling are protected by budget->groups_lock */
+	struct cds_list_head children;
+	struct cds_list_head sibling;
+	/* round-robin position of reclaim passes started here */
+	atomic_uint reclaim_cursor;
+	atomic_long events[NR_GROUP_EVENTS];
+	/* per-thread statistics: STAT_SLOTS rows of NR_STATS */
+	long (*stats)[NR_STATS];
+	/* owned by cache/: this group's LRU lists */
+	void *lru;
+};
+
+/*
+ * What accounting needs from the cache above it.  shrink() reclaims up to
+ * nr pages from the group's own LRU lists (not its children) and returns the
+ * pages freed; it adds to *scanned.  expedite() frees folio data waiting for
+ * a grace period, waiting for one, and returns the pages freed.  deferred()
+ * says how many pages wait.  group_init/group_fini set up group->lru.
+ * thread_state() lets the cache register the reclaimer thread with RCU and
+ * take it offline while it sleeps.
+ */
+enum thread_state { THREAD_REGISTER, THREAD_ONLINE, THREAD_OFFLINE,
+		    THREAD_UNREGISTER };
+
+struct budget_ops {
+	/* called by accounting's own threads (the reclaimer) */
+	void (*thread_state)(enum thread_state st, void *priv);
+	unsigned long (*shrink)(struct group *g, unsigned long nr,
+				unsigned long *scanned, void *priv);
+	unsigned long (*expedite)(void *priv);
+	unsigned long (*deferred)(void *priv);
+	int (*group_init)(struct group *g, void *priv);
+	void (*group_fini)(struct group *g, void *priv);
+};
+
+/* How new child groups are formed from a request. */
+enum group_by { GROUP_BY_NONE, GROUP_BY_UID, GROUP_BY_CGROUP };
+
+struct budget_config {
+	unsigned long max_pages;  /* root memory.max */
+	unsigned long high_pages; /* root memory.high (COUNTER_MAX: none) */
+	unsigned long group_max_pages;
+	unsigned long group_high_pages;
+	enum group_by group_by;
+};
+
+/*
+ * Per-thread charge stock, like memcg_stock_pcp with one cached group: one
+ * word holding (group id << 32 | pages), so that any thread can drain it with
+ * an atomic exchange while its owner consumes it with compare-and-swap.
+ */
+struct stock {
+	_Alignas(64) atomic_uint_least64_t word;
+};
+
+/* Groups are named by a 32-bit id in stocks; ids index budget->by_id. */
+#define GROUP_ID_MAX 65535
+
+struct budget {
+	struct group root;
+	struct budget_config cfg;
+	const struct budget_ops *ops;
+	void *ops_priv;
+	pthread_mutex_t groups_lock;
+	unsigned int next_group_id;
+	struct group **by_id; /* GROUP_ID_MAX + 1 slots, written once */
+	struct stock stocks[STAT_SLOTS];
+	/* background reclaimer for memory.high (kswapd for the mount) */
+	pthread_t reclaimer;
+	bool reclaimer_running;
+	bool reclaimer_stop;
+	bool reclaimer_kick;
+	pthread_mutex_t reclaimer_lock;
+	pthread_cond_t reclaimer_cond;
+};
+
+/* budget.c */
+int budget_init(struct budget *b, const struct budget_config *cfg,
+		const struct budget_ops *ops, void *priv);
+void budget_destroy(struct budget *b);
+int budget_start_reclaimer(struct budget *b);
+void budget_stop_reclaimer(struct budget *b);
+struct group *group_lookup_or_create(struct budget *b, struct group *parent,
+				     const char *name);
+struct group *group_find(struct budget *b, const char *path);
+struct group *group_for_request(struct budget *b, unsigned int uid,
+				int pid);
+size_t group_path(const struct group *g, char *buf, size_t len);
+/* Visit g and every group below it, parents first, under groups_lock. */
+void group_walk(struct group *g, void (*fn)(struct group *, void *),
+		void *arg);
+
+/* counter.c */
+void counter_init(struct counter *c, struct counter *parent, long max,
+		  long high);
+bool counter_try_charge(struct counter *c, long nr, struct counter **fail);
+void counter_charge(struct counter *c, long nr);
+void counter_uncharge(struct counter *c, long nr);
+long counter_read(const struct counter *c);
+long counter_margin(const struct counter *c);
+int counter_set_max(struct counter *c, long max);
+void counter_set_high(struct counter *c, long high);
+void counter_reset_peak(struct counter *c);
+
+/* charge.c */
+int charge_demand(struct group *g, unsigned long nr);
+int charge_speculative(struct group *g, unsigned long nr);
+void uncharge(struct group *g, unsigned long nr);
+bool reclaim_for_batch(struct group *g, unsigned long nr, bool for_ra);
+unsigned long reclaim_pass(struct group *g, unsigned long nr, bool for_ra);
+int reclaim_proactive(struct group *g, unsigned long nr_pages);
+unsigned long reclaim_batch_size(unsigned long target,
+				 unsigned long reclaimed);
+int group_set_max(struct group *g, long max_pages);
+int group_set_high(struct group *g, long high_pages);
+void drain_all_stock(struct budget *b);
+long stock_pages(struct budget *b);
+struct group *group_over_limit(struct group *g, unsigned long nr);
+
+/* stat.c */
+int stat_thread_slot(void);
+void stat_mod(struct group *g, enum stat_item item, long delta);
+static inline void stat_inc(struct group *g, enum stat_item item)
+{
+	stat_mod(g, item, 1);
+}
+long stat_read(const struct group *g, enum stat_item item);
+void stat_read_all(const struct group *g, long out[NR_STATS]);
+void group_event(struct group *g, enum group_event ev);
+long group_event_read(const struct group *g, enum group_event ev);
+int stat_format(const struct group *g, char *buf, size_t len);
+int events_format(const struct group *g, char *buf, size_t len);
+int stat_format_json(const struct group *g, char *buf, size_t len);
+
+/* Parse "123", "64K", "1.5G", "max": bytes, or -EINVAL. */
+int parse_size(const char *s, uint64_t *bytes, bool allow_max);
+
+#endif

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The cache of a mount, and the lifetime and geometry of mappings.
+ *
+ * A mapping's folios are the file's frames: folio i holds the content
+ * [starts[i], starts[i + 1]), or with a fixed folio_size, [i * size, ...).
+ * The files are read-only, so the count is fixed and the index is a plain
+ * array of atomic pointers, looked up under RCU without locks (DESIGN 4).
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "cache.h"
+
+static const struct budget_ops cache_budget_ops = {
+	.shrink = lru_shrink,
+	.expedite = cache_expedite,
+	.deferred = cache_deferred_pages,
+	.group_init = lru_group_init,
+	.group_fini = lru_group_fini,
+};
+
+int cache_init(struct cache *c, const struct cache_config *cfg)
+{
+	c->ra_ops = NULL;
+	c->evicted_hook = NULL;
+	c->lockless = cfg->lockless;
+	c->defer_head = NULL;
+	c->reaper_running = c->reaper_stop = false;
+	atomic_init(&c->deferred_pages, 0);
+	pthread_mutex_init(&c->defer_lock, NULL);
+	pthread_cond_init(&c->defer_cond, NULL);
+	return budget_init(&c->budget, &cfg->budget, &cache_budget_ops, c);
+}
+
+/* The cache's threads: the reaper (deferred frees) and the reclaimer. */
+int cache_start(struct cache *c)
+{
+	int err = cache_reaper_start(c);
+
+	if (!err)
+		err = budget_start_reclaimer(&c->budget);
+	if (err)
+		cache_reaper_stop(c);
+	return err;
+}
+
+void cache_destroy(struct cache *c)
+{
+	budget_stop_reclaimer(&c->budget);
+	cache_reaper_stop(c);
+	budget_destroy(&c->budget);
+	pthread_mutex_destroy(&c->defer_lock);
+	pthread_cond_destroy(&c->defer_cond);
+}
+
+struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
+			       void *host, uint64_t size,
+			       unsigned long nr_folios, uint32_t folio_size,
+			       const uint64_t *starts)
+{
+	struct mapping *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return NULL;
+	m->slots = calloc(nr_folios ? nr_folios : 1, sizeof(*m->slots));
+	if (!m->slots) {
+		free(m);
+		return NULL;
+	}
+	m->ops = ops;
+	m->host = host;
+	m->cache = c;
+	m->size = size;
+	m->nr_folios = nr_folios;
+	m->folio_size = folio_size;
+	m->starts = starts;
+	atomic_init(&m->nr_cached, 0);
+	atomic_init(&m->refcount, 1);
+	return m;
+}
+
+void mapping_get(struct mapping *m)
+{
+	atomic_fetch_add_explicit(&m->refcount, 1, memory_order_relaxed);
+}
+
+/* Drop every folio of m whose slot still holds it. */
+static void mapping_drop_folios(struct mapping *m, bool now)
+{
+	for (unsigned long i = 0; i < m->nr_folios; i++) {
+		struct folio *f = atomic_load(&m->slots[i]);
+
+		if (!f || !lru_remove(f))
+			continue;
+		if (now)
+			folio_free_now(f);
+		else
+			folio_put(f); /* the slot's reference */
+	}
+}
+
+/*
+ * The last reference: no reader, no window in flight.  Its folios are freed
+ * at once, hot or not, since nobody can reach them (seed 002, patch 12).
+ */
+void mapping_put(struct mapping *m)
+{
+	if (atomic_fetch_sub_explicit(&m->refcount, 1, memory_order_acq_rel) !=
+	    1)
+		return;
+	mapping_drop_folios(m, true);
+	if (m->ops && m->ops->release)
+		m->ops->release(m);
+	free(m->slots);
+	free(m);
+}
+
+/* The backing data changed: drop the folios; readers holding one finish. */
+void mapping_invalidate(struct mapping *m)
+{
+	mapping_drop_folios(m, false);
+}
+
+unsigned long mapping_index(const struct mapping *m, uint64_t pos)
+{
+	unsigned long lo = 0, hi;
+
+	if (!m->nr_folios)
+		return 0;
+	if (m->folio_size) {
+		uint64_t i = pos / m->folio_size;
+
+		return i < m->nr_folios ? (unsigned long)i : m->nr_folios - 1;
+	}
+	/* the last folio whose start is <= pos */
+	hi = m->nr_folios - 1;
+	while (lo < hi) {
+		unsigned long mid = lo + (hi - lo + 1) / 2;
+
+		if (m->starts[mid] <= pos)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+uint64_t mapping_folio_pos(const struct mapping *m, unsigned long index)
+{
+	if (m->folio_size)
+		return (uint64_t)index * m->folio_size;
+	return m->starts[index];
+}
+
+uint32_t mapping_folio_len(const struct mapping *m, unsigned long index)
+{
+	uint64_t start = mapping_folio_pos(m, index), end;
+
+	if (index + 1 >= m->nr_folios)
+		end = m->size;
+	else
+		end = mapping_folio_pos(m, index + 1);
+	return (uint32_t)(end - start);
+}
+
+unsigned int mapping_folio_pages(const struct mapping *m, unsigned long i)
+{
+	return (unsigned int)pages_of_bytes(mapping_folio_len(m, i));
+}
+
+bool mapping_cached(const struct mapping *m, unsigned long index)
+{
+	return index < m->nr_folios &&
+	       atomic_load_explicit(&m->slots[index], memory_order_acquire);
+}

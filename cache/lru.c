@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: MIT
+/*
+ * LRU lists and the reclaim scan: mirrors mm/vmscan.c for file folios.
+ *
+ * Each budget group has an active and an inactive list.  New folios enter
+ * the inactive list; folio_mark_accessed() promotes a folio read twice.  A
+ * reclaim pass scans the inactive list from its tail: a referenced folio is
+ * promoted instead of evicted, a locked folio or one with readers is rotated,
+ * anything else is frozen (refcount 1 -> 0), taken out of its slot and
+ * freed.  When the inactive list is low against the active one (the kernel's
+ * inactive_is_low() ratio, 1:1 below 1 GiB, sqrt(10 * GiB) above) folios move
+ * from the active tail to the inactive head, losing their referenced bit.
+ *
+ * Invariant: a folio is in its mapping slot exactly when it is on an LRU
+ * list, and both change only under the group's lru->lock.  So whoever takes a
+ * folio off the list under the lock also owns clearing its slot.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "cache.h"
+
+struct lru {
+	pthread_mutex_t lock;
+	struct cds_list_head active, inactive;
+	unsigned long nr_active, nr_inactive; /* pages */
+};
+
+int lru_group_init(struct group *g, void *priv)
+{
+	struct lru *l = calloc(1, sizeof(*l));
+
+	(void)priv;
+	if (!l)
+		return -ENOMEM;
+	pthread_mutex_init(&l->lock, NULL);
+	CDS_INIT_LIST_HEAD(&l->active);
+	CDS_INIT_LIST_HEAD(&l->inactive);
+	g->lru = l;
+	return 0;
+}
+
+void lru_group_fini(struct group *g, void *priv)
+{
+	struct lru *l = g->lru;
+
+	(void)priv;
+	if (!l)
+		return;
+	pthread_mutex_destroy(&l->lock);
+	free(l);
+	g->lru = NULL;
+}
+
+static void lru_account(struct folio *f, bool active, long sign)
+{
+	struct lru *l = f->group->lru;
+	long n = sign * (long)f->nr_pages;
+
+	if (active)
+		l->nr_active += (unsigned long)n;
+	else
+		l->nr_inactive += (unsigned long)n;
+	stat_mod(f->group, active ? STAT_ACTIVE_FILE : STAT_INACTIVE_FILE, n);
+}
+
+/* Insert f in its slot and on the inactive list, under the LRU lock. */
+int lru_insert(struct folio *f)
+{
+	struct lru *l = f->group->lru;
+	struct folio *expected = NULL;
+	int err = 0;
+
+	pthread_mutex_lock(&l->lock);
+	/* release: the struct's fields are visible to lock-free lookups */
+	if (atomic_compare_exchange_strong_explicit(
+		    &f->mapping->slots[f->index], &expected, f,
+		    memory_order_release, memory_order_relaxed)) {
+		cds_list_add(&f->lru, &l->inactive);
+		folio_set(f, FOLIO_ON_LRU);
+		lru_account(f, false, 1);
+	} else {
+		err = -EEXIST;
+	}
+	pthread_mutex_unlock(&l->lock);
+	return err;
+}
+
+void lru_activate(struct folio *f)
+{
+	struct lru *l = f->group->lru;
+
+	pthread_mutex_lock(&l->lock);
+	if (folio_test(f, FOLIO_ON_LRU) && !folio_test(f, FOLIO_ACTIVE)) {
+		cds_list_move(&f->lru, &l->active);
+		lru_account(f, false, -1);
+		folio_set(f, FOLIO_ACTIVE);
+		lru_account(f, true, 1);
+		stat_mod(f->group, STAT_PGACTIVATE, f->nr_pages);
+	}
+	folio_clear(f, FOLIO_REFERENCED);
+	pthread_mutex_unlock(&l->lock);
+}
+
+/* Take f off its list and out of its slot; false if someone else did. */
+static bool lru_unlink_locked(struct folio *f)
+{
+	struct folio *expected = f;
+
+	if (!folio_test(f, FOLIO_ON_LRU))
+		return false;
+	cds_list_del_init(&f->lru);
+	folio_clear(f, FOLIO_ON_LRU);
+	lru_account(f, folio_test(f, FOLIO_ACTIVE), -1);
+	atomic_compare_exchange_strong(&f->mapping->slots[f->index], &expected,
+				       NULL);
+	atomic_fetch_sub(&f->mapping->nr_cached, 1);
+	return true;
+}
+
+bool lru_remove(struct folio *f)
+{
+	struct lru *l = f->group->lru;
+	bool ok;
+
+	pthread_mutex_lock(&l->lock);
+	ok = lru_unlink_locked(f);
+	pthread_mutex_unlock(&l->lock);
+	return ok;
+}
+
+static bool inactive_is_low(const struct lru *l)
+{
+	unsigned long gb = (l->nr_active + l->nr_inactive) >>
+			   (30 - ZF_PAGE_SHIFT);
+	unsigned long ratio = gb ? (unsigned long)sqrt(10.0 * (double)gb) : 1;
+
+	return l->nr_inactive * ratio < l->nr_active;
+}
+
+/* shrink_active_list() for one folio: active tail -> inactive head. */
+static bool deactivate_one(struct lru *l, struct group *g)
+{
+	struct folio *f;
+
+	if (cds_list_empty(&l->active))
+		return false;
+	f = cds_list_entry(l->active.prev, struct folio, lru);
+	cds_list_move(&f->lru, &l->inactive);
+	lru_account(f, true, -1);
+	folio_clear(f, FOLIO_ACTIVE);
+	folio_clear(f, FOLIO_REFERENCED);
+	folio_set(f, FOLIO_WORKINGSET);
+	lru_account(f, false, 1);
+	stat_mod(g, STAT_PGDEACTIVATE, f->nr_pages);
+	stat_mod(g, STAT_PGREFILL, f->nr_pages);
+	return true;
+}
+
+/* Freeze the slot's reference: succeeds only if nobody else holds one. */
+static bool folio_freeze(struct folio *f)
+{
+	int one = 1;
+
+	return atomic_compare_exchange_strong(&f->refcount, &one, 0);
+}
+
+unsigned long lru_shrink(struct group *g, unsigned long nr,
+			 unsigned long *scanned, void *priv)
+{
+	struct lru *l = g->lru;
+	struct folio *freed = NULL, *f;
+	unsigned long got = 0, limit;
+
+	(void)priv;
+	pthread_mutex_lock(&l->lock);
+	/* every folio may be seen twice: once promoted, once evicted */
+	limit = 2 * (l->nr_active + l->nr_inactive) + SWAP_CLUSTER_MAX;
+	while (got < nr && *scanned < limit) {
+		if ((cds_list_empty(&l->inactive) || inactive_is_low(l)) &&
+		    !deactivate_one(l, g) && cds_list_empty(&l->inactive))
+			break;
+		f = cds_list_entry(l->inactive.prev, struct folio, lru);
+		*scanned += f->nr_pages;
+		if (folio_test(f, FOLIO_REFERENCED)) {
+			/* accessed since it came in: promote, not evict */
+			cds_list_move(&f->lru, &l->active);
+			lru_account(f, false, -1);
+			folio_clear(f, FOLIO_REFERENCED);
+			folio_set(f, FOLIO_ACTIVE);
+			lru_account(f, true, 1);
+			stat_mod(g, STAT_PGACTIVATE, f->nr_pages);
+			continue;
+		}
+		if (folio_test(f, FOLIO_LOCKED) || !folio_freeze(f)) {
+			cds_list_move(&f->lru, &l->inactive); /* rotate */
+			continue;
+		}
+		lru_unlink_locked(f);
+		f->defer_next = freed;
+		freed = f;
+		got += f->nr_pages;
+	}
+	pthread_mutex_unlock(&l->lock);
+	while ((f = freed)) {
+		freed = f->defer_next;
+		f->defer_next = NULL;
+		folio_release_evicted(f);
+	}
+	return got;
+}
+
+void lru_counts(struct group *g, unsigned long *active,
+		unsigned long *inactive)
+{
+	struct lru *l = g->lru;
+
+	pthread_mutex_lock(&l->lock);
+	*active = l->nr_active;
+	*inactive = l->nr_inactive;
+	pthread_mutex_unlock(&l->lock);
+}

@@ -1,0 +1,322 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Backing reads and decoding: the mapping operations of a dataset file.
+ *
+ * Folio geometry.  A folio is one frame's content.  A raw (not zstd) file
+ * is cut into ZSEEK_DEFAULT_FRAME folios.  A frame bigger than
+ * ZSEEK_SPLIT_ABOVE (a foreign file written as one big frame) is served in
+ * ZSEEK_SUBFOLIO folios, streamed from the frame's start: slowly for random
+ * access, at full speed for a sequential reader, whose stream continues.
+ *
+ * submit() reads the compressed bytes of a batch's frames, adjacent frames
+ * in one read; fill() decodes one folio and verifies its checksum.  A frame
+ * that fails to decode or verify is -EBADMSG, and EIO for the reader of
+ * that range only.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+__thread struct worker *current_worker;
+
+struct worker *worker_create(int id)
+{
+	struct worker *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return NULL;
+	w->id = id;
+	w->dctx = ZSTD_createDCtx();
+	if (!w->dctx) {
+		free(w);
+		return NULL;
+	}
+	return w;
+}
+
+void worker_destroy(struct worker *w)
+{
+	if (!w)
+		return;
+	ZSTD_freeDCtx(w->dctx);
+	free(w);
+}
+
+static bool frame_split(const struct zseek_frame *fr)
+{
+	return fr->d_size > ZSEEK_SPLIT_ABOVE;
+}
+
+int zfile_build_geometry(struct zfile *f)
+{
+	const struct zseek_index *idx = &f->idx;
+	unsigned long n = 0, k = 0;
+	bool split = false, fixed = true;
+
+	if (idx->kind == ZSEEK_RAW) {
+		f->folio_size = ZSEEK_DEFAULT_FRAME;
+		f->nslots = (unsigned long)((idx->content_size +
+					     ZSEEK_DEFAULT_FRAME - 1) /
+					    ZSEEK_DEFAULT_FRAME);
+		return 0;
+	}
+	for (uint32_t i = 0; i < idx->nframes; i++) {
+		const struct zseek_frame *fr = &idx->frames[i];
+
+		if (frame_split(fr)) {
+			split = true;
+			n += (unsigned long)((fr->d_size + ZSEEK_SUBFOLIO - 1) /
+					     ZSEEK_SUBFOLIO);
+		} else {
+			n++;
+		}
+		if (i + 1 < idx->nframes && fr->d_size != idx->frames[0].d_size)
+			fixed = false;
+	}
+	f->nslots = n;
+	f->starts = calloc(n + 1, sizeof(*f->starts));
+	if (split) {
+		f->slot_frame = calloc(n ? n : 1, sizeof(*f->slot_frame));
+		f->slot_skip = calloc(n ? n : 1, sizeof(*f->slot_skip));
+	}
+	if (!f->starts || (split && (!f->slot_frame || !f->slot_skip)))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < idx->nframes; i++) {
+		const struct zseek_frame *fr = &idx->frames[i];
+		uint64_t step = frame_split(fr) ? ZSEEK_SUBFOLIO : fr->d_size;
+
+		for (uint64_t off = 0; off < fr->d_size; off += step, k++) {
+			f->starts[k] = fr->d_off + off;
+			if (split) {
+				f->slot_frame[k] = i;
+				f->slot_skip[k] = off;
+			}
+		}
+	}
+	f->starts[n] = idx->content_size;
+	if (!split && fixed && idx->nframes)
+		f->folio_size = (uint32_t)idx->frames[0].d_size;
+	return 0;
+}
+
+static uint32_t slot_frame(const struct zfile *f, unsigned long i)
+{
+	return f->slot_frame ? f->slot_frame[i] : (uint32_t)i;
+}
+
+static bool slot_split(const struct zfile *f, unsigned long i)
+{
+	return f->slot_frame && frame_split(&f->idx.frames[f->slot_frame[i]]);
+}
+
+/* The compressed bytes of a batch, read in as few reads as it takes. */
+struct batch_io {
+	uint8_t *buf;
+	size_t *off; /* per folio: where its frame starts in buf */
+	int *err;    /* per folio: the read's result */
+};
+
+static ssize_t fd_read(struct zfile *f, void *buf, size_t len, uint64_t off)
+{
+	return zseek_pread_fd(&f->fd, buf, len, off);
+}
+
+/* Raw files: the folio's bytes are the file's; read them straight in. */
+static int submit_raw(struct fill_batch *b, struct zfile *f,
+		      struct batch_io *io)
+{
+	for (unsigned int i = 0; i < b->nr; i++) {
+		struct folio *fo = b->folios[i];
+		ssize_t n;
+
+		if (!fo)
+			continue;
+		n = fd_read(f, fo->data, fo->len,
+			    mapping_folio_pos(b->mapping, fo->index));
+		io->err[i] = n < 0 ? (int)n : (size_t)n == fo->len ? 0 : -EIO;
+		if (n > 0)
+			stat_mod(fo->group, STAT_BACKING_BYTES, n);
+	}
+	return 0;
+}
+
+static int zfile_submit(struct fill_batch *b)
+{
+	struct zfile *f = b->mapping->host;
+	struct batch_io *io = calloc(1, sizeof(*io));
+	size_t total = 0, pos = 0;
+
+	if (!io)
+		return -ENOMEM;
+	io->off = calloc(b->nr, sizeof(*io->off));
+	io->err = calloc(b->nr, sizeof(*io->err));
+	b->fs_priv = io;
+	if (!io->off || !io->err)
+		return -ENOMEM;
+	if (f->idx.kind == ZSEEK_RAW)
+		return submit_raw(b, f, io);
+	for (unsigned int i = 0; i < b->nr; i++)
+		if (b->folios[i] && !slot_split(f, b->start + i))
+			total += f->idx.frames[slot_frame(f, b->start + i)]
+					 .c_size;
+	if (!total)
+		return 0;
+	io->buf = malloc(total);
+	if (!io->buf)
+		return -ENOMEM;
+	/* runs of folios whose frames are adjacent in the file: one read */
+	for (unsigned int i = 0; i < b->nr;) {
+		const struct zseek_frame *fr;
+		uint64_t run_off, run_len;
+		unsigned int j;
+		ssize_t n;
+		int err;
+
+		if (!b->folios[i] || slot_split(f, b->start + i)) {
+			i++;
+			continue;
+		}
+		fr = &f->idx.frames[slot_frame(f, b->start + i)];
+		run_off = fr->c_off;
+		run_len = 0;
+		for (j = i; j < b->nr && b->folios[j] &&
+			    !slot_split(f, b->start + j);
+		     j++) {
+			fr = &f->idx.frames[slot_frame(f, b->start + j)];
+			if (fr->c_off != run_off + run_len)
+				break;
+			io->off[j] = pos + run_len;
+			run_len += fr->c_size;
+		}
+		n = fd_read(f, io->buf + pos, run_len, run_off);
+		err = n < 0 ? (int)n : (uint64_t)n == run_len ? 0 : -EIO;
+		if (n > 0)
+			stat_mod(b->folios[i]->group, STAT_BACKING_BYTES, n);
+		for (unsigned int k = i; k < j; k++)
+			io->err[k] = err;
+		pos += run_len;
+		i = j;
+	}
+	return 0;
+}
+
+static ZSTD_DCtx *dctx_of(void *io_ctx)
+{
+	struct worker *w = io_ctx ? io_ctx : current_worker;
+
+	return w ? w->dctx : NULL;
+}
+
+static int read_split(struct zfile *f, unsigned long slot, void *dst,
+		      size_t len)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&f->stream_lock);
+	if (!f->stream_ready) {
+		r = zseek_stream_init(&f->stream);
+		f->stream_ready = r == 0;
+	}
+	if (!r)
+		r = zseek_stream_read(&f->stream, zseek_pread_fd, &f->fd,
+				      &f->idx, f->slot_frame[slot],
+				      f->slot_skip[slot], dst, len);
+	pthread_mutex_unlock(&f->stream_lock);
+	return r;
+}
+
+static int zfile_fill(struct fill_batch *b, unsigned int i)
+{
+	struct zfile *f = b->mapping->host;
+	struct batch_io *io = b->fs_priv;
+	struct folio *fo = b->folios[i];
+	unsigned long slot = b->start + i;
+	ZSTD_DCtx *dctx;
+
+	if (f->idx.kind == ZSEEK_RAW)
+		return io->err[i];
+	if (slot_split(f, slot))
+		return read_split(f, slot, fo->data, fo->len);
+	if (io->err[i])
+		return io->err[i];
+	dctx = dctx_of(b->io_ctx);
+	if (!dctx)
+		return -ENOMEM;
+	return zseek_decode_frame(dctx, &f->idx.frames[slot_frame(f, slot)],
+				  f->idx.has_checksum, io->buf + io->off[i],
+				  fo->data);
+}
+
+static void zfile_finish(struct fill_batch *b)
+{
+	struct batch_io *io = b->fs_priv;
+
+	if (!io)
+		return;
+	free(io->buf);
+	free(io->off);
+	free(io->err);
+	free(io);
+	b->fs_priv = NULL;
+}
+
+static int zfile_read_into(struct mapping *m, void *io_ctx,
+			   unsigned long index, void *buf)
+{
+	struct zfile *f = m->host;
+	uint32_t len = mapping_folio_len(m, index);
+	const struct zseek_frame *fr;
+	ZSTD_DCtx *dctx;
+	void *src;
+	ssize_t n;
+	int r;
+
+	if (f->idx.kind == ZSEEK_RAW) {
+		n = fd_read(f, buf, len, mapping_folio_pos(m, index));
+		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
+	}
+	if (slot_split(f, index))
+		return read_split(f, index, buf, len);
+	fr = &f->idx.frames[slot_frame(f, index)];
+	dctx = dctx_of(io_ctx);
+	src = malloc(fr->c_size ? fr->c_size : 1);
+	if (!src || !dctx) {
+		free(src);
+		return -ENOMEM;
+	}
+	n = fd_read(f, src, fr->c_size, fr->c_off);
+	if (n < 0 || (uint64_t)n != fr->c_size)
+		r = n < 0 ? (int)n : -EIO;
+	else
+		r = zseek_decode_frame(dctx, fr, f->idx.has_checksum, src,
+				       buf);
+	free(src);
+	return r;
+}
+
+/* The mapping's last reference: the zfile goes with it. */
+static void zfile_release(struct mapping *m)
+{
+	struct zfile *f = m->host;
+
+	if (f->stream_ready)
+		zseek_stream_free(&f->stream);
+	pthread_mutex_destroy(&f->stream_lock);
+	zseek_index_free(&f->idx);
+	free(f->starts);
+	free(f->slot_frame);
+	free(f->slot_skip);
+	close(f->fd);
+	free(f);
+}
+
+const struct mapping_ops zfile_mapping_ops = {
+	.submit = zfile_submit,
+	.fill = zfile_fill,
+	.finish = zfile_finish,
+	.read_into = zfile_read_into,
+	.release = zfile_release,
+};

@@ -1,0 +1,263 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The control directory: the budget's groups as cgroup v2 style files.
+ *
+ * ".zfolio/" (name set by -o ctl=) at the mount root is not listed by
+ * readdir but can be reached by path.  It holds the root group's files and
+ * one subdirectory per child group, with the same files.  The files are
+ * declared once, in ctl_files[], which lookup, readdir, reads, writes and
+ * the documentation all use.  Writes are parsed whole: a bad value is
+ * EINVAL and changes nothing.  Only the mount's owner and root may write.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define CTL_BUF 16384
+
+static int show_bytes(char *buf, size_t len, long pages)
+{
+	if (pages >= COUNTER_MAX)
+		return snprintf(buf, len, "max\n");
+	return snprintf(buf, len, "%ld\n", pages * (long)ZF_PAGE_SIZE);
+}
+
+static int read_current(struct group *g, char *buf, size_t len)
+{
+	return show_bytes(buf, len, counter_read(&g->mem));
+}
+
+static int read_peak(struct group *g, char *buf, size_t len)
+{
+	return show_bytes(buf, len, atomic_load(&g->mem.peak));
+}
+
+static int read_max(struct group *g, char *buf, size_t len)
+{
+	return show_bytes(buf, len, atomic_load(&g->mem.max));
+}
+
+static int read_high(struct group *g, char *buf, size_t len)
+{
+	return show_bytes(buf, len, atomic_load(&g->mem.high));
+}
+
+static int read_events(struct group *g, char *buf, size_t len)
+{
+	return events_format(g, buf, len);
+}
+
+static int read_stat(struct group *g, char *buf, size_t len)
+{
+	return stat_format(g, buf, len);
+}
+
+static int read_json(struct group *g, char *buf, size_t len)
+{
+	return stat_format_json(g, buf, len);
+}
+
+/* A size in bytes, or "max": pages.  Rounds down, like the kernel. */
+static int parse_pages(const char *s, long *pages)
+{
+	uint64_t bytes;
+	int r = parse_size(s, &bytes, true);
+
+	if (r)
+		return -EINVAL;
+	*pages = bytes == UINT64_MAX ? COUNTER_MAX
+				     : (long)(bytes >> ZF_PAGE_SHIFT);
+	return 0;
+}
+
+static int write_max(struct group *g, const char *s)
+{
+	long pages;
+
+	if (parse_pages(s, &pages))
+		return -EINVAL;
+	return group_set_max(g, pages);
+}
+
+static int write_high(struct group *g, const char *s)
+{
+	long pages;
+
+	if (parse_pages(s, &pages))
+		return -EINVAL;
+	return group_set_high(g, pages);
+}
+
+static int write_reclaim(struct group *g, const char *s)
+{
+	uint64_t bytes;
+
+	if (parse_size(s, &bytes, false))
+		return -EINVAL;
+	return reclaim_proactive(g, (unsigned long)(bytes >> ZF_PAGE_SHIFT));
+}
+
+static int write_peak(struct group *g, const char *s)
+{
+	if (strcmp(s, "reset") != 0 && strcmp(s, "reset\n") != 0)
+		return -EINVAL;
+	counter_reset_peak(&g->mem);
+	return 0;
+}
+
+struct ctl_file {
+	const char *name;
+	mode_t mode;
+	int (*read)(struct group *g, char *buf, size_t len);
+	int (*write)(struct group *g, const char *s);
+	const char *help;
+};
+
+static const struct ctl_file ctl_files[] = {
+	{"memory.current", 0444, read_current, NULL,
+	 "bytes charged to the group and below, now"},
+	{"memory.peak", 0644, read_peak, write_peak,
+	 "the most memory.current has been; write \"reset\" to restart"},
+	{"memory.max", 0644, read_max, write_max,
+	 "hard limit in bytes or \"max\"; lowering it reclaims down to it"},
+	{"memory.high", 0644, read_high, write_high,
+	 "above it, background reclaim brings usage back under it"},
+	{"memory.reclaim", 0200, NULL, write_reclaim,
+	 "write a size to reclaim that much now (EAGAIN if it cannot)"},
+	{"memory.events", 0444, read_events, NULL,
+	 "how often the group hit high and max, and reclaim passes"},
+	{"memory.stat", 0444, read_stat, NULL,
+	 "every statistic, hierarchical, exact when read"},
+	{"memory.stat.json", 0444, read_json, NULL,
+	 "the same and the limits, as one JSON object"},
+};
+#define NR_CTL_FILES (int)(sizeof(ctl_files) / sizeof(ctl_files[0]))
+
+struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
+			enum znode_kind kind)
+{
+	struct znode *n;
+
+	pthread_mutex_lock(&ds->table_lock);
+	for (n = ds->ctl_nodes; n; n = n->hash_next)
+		if (n->group == g && n->ctl_id == ctl_id)
+			break;
+	if (!n) {
+		n = znode_new(kind, NULL);
+		if (n) {
+			n->group = g;
+			n->ctl_id = ctl_id;
+			n->hash_next = ds->ctl_nodes;
+			ds->ctl_nodes = n;
+		}
+	}
+	pthread_mutex_unlock(&ds->table_lock);
+	return n;
+}
+
+int ctl_lookup(struct dataset *ds, struct znode *dir, const char *name,
+	       struct znode **out)
+{
+	struct group *c;
+
+	for (int i = 0; i < NR_CTL_FILES; i++)
+		if (strcmp(name, ctl_files[i].name) == 0) {
+			*out = znode_ctl(ds, dir->group, i, ZN_CTL_FILE);
+			return *out ? 0 : -ENOMEM;
+		}
+	pthread_mutex_lock(&ds->cache.budget.groups_lock);
+	cds_list_for_each_entry(c, &dir->group->children, sibling)
+		if (strcmp(c->name, name) == 0)
+			break;
+	pthread_mutex_unlock(&ds->cache.budget.groups_lock);
+	if (&c->sibling == &dir->group->children)
+		return -ENOENT;
+	*out = znode_ctl(ds, c, CTL_DIR_ID, ZN_CTL_DIR);
+	return *out ? 0 : -ENOMEM;
+}
+
+int ctl_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
+	     size_t *count)
+{
+	size_t n = 0, cap = NR_CTL_FILES + 8;
+	struct dir_entry *e = calloc(cap, sizeof(*e));
+	struct group *c;
+
+	if (!e)
+		return -ENOMEM;
+	for (int i = 0; i < NR_CTL_FILES; i++) {
+		e[n].name = strdup(ctl_files[i].name);
+		e[n++].type = S_IFREG;
+	}
+	pthread_mutex_lock(&ds->cache.budget.groups_lock);
+	cds_list_for_each_entry(c, &dir->group->children, sibling) {
+		if (n == cap) {
+			struct dir_entry *ne = realloc(e, 2 * cap * sizeof(*e));
+
+			if (!ne)
+				break;
+			e = ne;
+			cap *= 2;
+		}
+		e[n].name = strdup(c->name);
+		e[n++].type = S_IFDIR;
+	}
+	pthread_mutex_unlock(&ds->cache.budget.groups_lock);
+	*out = e;
+	*count = n;
+	return 0;
+}
+
+void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_uid = ds->owner;
+	st->st_gid = getgid();
+	st->st_atim = st->st_mtim = st->st_ctim = ds->root_st.st_mtim;
+	st->st_ino = n->nodeid;
+	if (n->kind == ZN_CTL_DIR) {
+		st->st_mode = S_IFDIR | 0755;
+		st->st_nlink = 2;
+	} else {
+		st->st_mode = S_IFREG | ctl_files[n->ctl_id].mode;
+		st->st_nlink = 1;
+		st->st_size = 0; /* generated when read, like cgroupfs */
+	}
+}
+
+int ctl_read(struct dataset *ds, struct znode *n, char **buf, size_t *len)
+{
+	const struct ctl_file *cf = &ctl_files[n->ctl_id];
+	int r;
+
+	(void)ds;
+	if (!cf->read)
+		return -EACCES;
+	*buf = malloc(CTL_BUF);
+	if (!*buf)
+		return -ENOMEM;
+	r = cf->read(n->group, *buf, CTL_BUF);
+	*len = r < 0 ? 0 : (size_t)r >= CTL_BUF ? CTL_BUF - 1 : (size_t)r;
+	return 0;
+}
+
+int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
+	      size_t len)
+{
+	const struct ctl_file *cf = &ctl_files[n->ctl_id];
+	char tmp[128];
+
+	(void)ds;
+	if (!cf->write)
+		return -EACCES;
+	/* a bounded, NUL-terminated copy: control writes are small */
+	if (len == 0 || len >= sizeof(tmp))
+		return -EINVAL;
+	memcpy(tmp, buf, len);
+	tmp[len] = '\0';
+	return cf->write(n->group, tmp);
+}

@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fs: the dataset format and what the tools share, the API of fs/.
+ *
+ * zseek_*: the zstd seekable format (read and write), the frame-header walk
+ * for foreign multi-frame files, and decoding one frame with verification.
+ * The parsers read through a callback so that they run the same on a file,
+ * in a test, or under a fuzzer.  Every field read from a file is untrusted:
+ * counts and sizes are bounded by the file size and the named limits below
+ * before anything is allocated.
+ */
+#ifndef ZF_FS_H
+#define ZF_FS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#define ZSTD_STATIC_LINKING_ONLY /* frame headers, block sizes */
+#include <zstd.h>
+
+#define ZSEEK_SKIPPABLE_MAGIC 0x184D2A5Eu   /* the seek table's frame */
+#define ZSEEK_SKIPPABLE_MASK 0xFFFFFFF0u
+#define ZSEEK_SKIPPABLE_START 0x184D2A50u
+#define ZSEEK_FOOTER_MAGIC 0x8F92EAB1u
+#define ZSEEK_FOOTER_SIZE 9
+#define ZSEEK_ZSTD_MAGIC 0xFD2FB528u
+/* ZSTD_SEEKABLE_MAXFRAMES of the reference implementation */
+#define ZSEEK_MAX_FRAMES 0x8000000u
+/* ZSTD_SEEKABLE_MAX_FRAME_DECOMPRESSED_SIZE: 1 GiB */
+#define ZSEEK_MAX_FRAME_CONTENT (1u << 30)
+/* Largest content a file may claim (a sanity bound, 2^50 bytes) */
+#define ZSEEK_MAX_CONTENT (1ull << 50)
+/* Frames bigger than this are served in sub-folios, streamed from their
+ * start; so are frames whose content size is not in their header. */
+#define ZSEEK_SPLIT_ABOVE (4u << 20)
+#define ZSEEK_SUBFOLIO (1u << 20)
+/* Largest window a streamed frame may need (ZSTD_d_windowLogMax). */
+#define ZSEEK_STREAM_WINDOW_LOG 23
+/* Smallest and largest frame size mkzfolio writes */
+#define ZSEEK_MIN_FRAME (4u << 10)
+#define ZSEEK_MAX_FRAME (16u << 20)
+#define ZSEEK_DEFAULT_FRAME (128u << 10)
+
+enum zseek_kind {
+	ZSEEK_RAW,      /* not zstd: served as it is */
+	ZSEEK_SEEKABLE, /* frames indexed by a seek table */
+	ZSEEK_WALKED,   /* frames indexed by walking their headers */
+};
+
+struct zseek_frame {
+	uint64_t c_off;  /* where the frame starts in the file */
+	uint64_t d_off;  /* where its content starts */
+	uint64_t c_size; /* compressed bytes */
+	uint64_t d_size; /* content bytes */
+	uint32_t checksum;
+	bool sized;      /* content size came from a table or header */
+};
+
+struct zseek_index {
+	enum zseek_kind kind;
+	bool has_checksum;
+	uint64_t file_size;
+	uint64_t content_size;
+	uint32_t nframes;
+	uint32_t nunsized; /* frames whose size needed a full decode */
+	struct zseek_frame *frames;
+};
+
+/* Reads len bytes at off; returns bytes read or a negative errno. */
+typedef ssize_t (*zseek_read_fn)(void *ctx, void *buf, size_t len,
+				 uint64_t off);
+
+/* zseek.c */
+int zseek_index_build(zseek_read_fn rd, void *ctx, uint64_t file_size,
+		      bool decode, struct zseek_index *idx, char *err,
+		      size_t errlen);
+int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
+			   struct zseek_index *idx, char *err, size_t errlen);
+int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
+		      struct zseek_index *idx, char *err, size_t errlen);
+void zseek_index_free(struct zseek_index *idx);
+uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos);
+ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off);
+
+/* Decode one whole frame into dst (exactly d_size bytes) and verify it. */
+int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
+		       bool check, const void *src, void *dst);
+
+/* Writing: one frame per chunk, then the table. */
+struct zseek_writer_entry {
+	uint32_t c_size, d_size, checksum;
+};
+size_t zseek_table_size(uint32_t nframes);
+size_t zseek_write_table(const struct zseek_writer_entry *e, uint32_t n,
+			 void *out, size_t cap);
+size_t zseek_compress_frame(ZSTD_CCtx *cctx, int level, const void *src,
+			    size_t len, void *dst, size_t cap,
+			    uint32_t *checksum);
+
+/* Streaming a frame from its start: for frames without a usable size. */
+struct zseek_stream {
+	ZSTD_DStream *ds;
+	uint32_t frame;   /* the frame being streamed, or UINT32_MAX */
+	uint64_t in_off;  /* next compressed byte to feed */
+	uint64_t out_pos; /* content bytes produced so far in the frame */
+	void *inbuf, *scratch;
+	size_t in_cap, in_pos, in_len;
+};
+int zseek_stream_init(struct zseek_stream *s);
+void zseek_stream_free(struct zseek_stream *s);
+int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,
+			   void *ctx, const struct zseek_frame *fr);
+int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
+		      const struct zseek_index *idx, uint32_t frame,
+		      uint64_t off_in_frame, void *dst, size_t len);
+
+#endif

@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fs internals: shared by the files of the zfolio daemon only.
+ *
+ * The daemon's pieces: options (mount.c), the dataset and its inodes
+ * (dataset.c), backing reads and decoding (backing.c), the FUSE ops
+ * (ops.c), and the control directory (ctl.c).
+ */
+#ifndef ZF_FS_INTERNAL_H
+#define ZF_FS_INTERNAL_H
+
+#define FUSE_USE_VERSION 34
+#include <fuse_lowlevel.h>
+#include <stdatomic.h>
+#include <sys/stat.h>
+
+#include "../readahead/readahead.h"
+#include "fs.h"
+
+enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
+
+/* Mount options: declared once in mount.c's table. */
+struct options {
+	char *dataset;
+	char *mountpoint;
+	uint64_t budget;
+	uint64_t high;
+	uint64_t group_max;
+	uint64_t group_high;
+	unsigned int threads;
+	unsigned int ra_kb;
+	enum cache_mode cache;
+	enum ra_reclaim_mode ra_reclaim;
+	enum group_by group_by;
+	bool lockless;
+	char *ctl;
+	bool foreground;
+	bool debug;
+};
+
+enum znode_kind {
+	ZN_DIR,
+	ZN_FILE,    /* a regular file, raw or decoded */
+	ZN_SYMLINK,
+	ZN_SPECIAL, /* device, fifo, socket: served as their type, never opened */
+	ZN_CTL_DIR, /* the control directory or a group's subdirectory */
+	ZN_CTL_FILE,
+};
+
+/*
+ * A file's backing state at one moment: its fd, its frame index and the
+ * folio geometry built from it.  The mapping's host.  A changed backing
+ * file gets a new one; handles opened on the old one keep it alive.
+ */
+struct zfile {
+	int fd;
+	struct zseek_index idx;
+	bool decode;
+	struct stat st; /* the backing file when it was indexed */
+	/* folio i: frame slot_frame[i], at slot_skip[i] into that frame */
+	unsigned long nslots;
+	uint64_t *starts;      /* nslots + 1 content offsets */
+	uint32_t *slot_frame;  /* NULL: folio i is frame i */
+	uint64_t *slot_skip;
+	uint32_t folio_size;   /* fixed size of every folio but the last, or 0 */
+	pthread_mutex_t stream_lock;
+	struct zseek_stream stream; /* for split frames */
+	bool stream_ready;
+	struct mapping *mapping;
+};
+
+struct znode {
+	uint64_t nodeid;
+	atomic_ulong nlookup;
+	enum znode_kind kind;
+	bool decode;    /* files: a .zst served decoded */
+	struct znode *hash_next;
+	dev_t dev;
+	ino_t ino;
+	char *path;     /* backing path relative to the dataset root */
+	struct stat st; /* the backing lstat at lookup */
+	/* files */
+	pthread_mutex_t lock;
+	struct zfile *file; /* current, indexed at the first getattr or open */
+	/* control files */
+	struct group *group;
+	int ctl_id;
+};
+
+struct zhandle {
+	struct znode *node;
+	struct zfile *file;         /* holds a mapping reference */
+	struct file_ra_state ra;
+};
+
+struct dataset {
+	struct options *opt;
+	int rootfd;              /* the dataset directory, or the file's dir */
+	char *single;            /* when mounting one file: its backing name */
+	struct stat root_st;
+	struct cache cache;
+	struct znode *root;
+	struct znode *ctl_root;
+	struct znode *ctl_nodes; /* every control node, by hash_next */
+	pthread_mutex_t table_lock;
+	struct znode **table;
+	size_t table_size, nnodes;
+	uid_t owner;
+	struct fuse_session *se;
+	double attr_timeout;
+};
+
+/* The worker that serves the current request: one per thread. */
+struct worker {
+	int id;
+	ZSTD_DCtx *dctx;
+	struct read_req rq;
+};
+extern __thread struct worker *current_worker;
+struct worker *worker_create(int id);
+void worker_destroy(struct worker *w);
+
+/* dataset.c */
+int dataset_open(struct dataset *ds, struct options *opt, char *err,
+		 size_t errlen);
+void dataset_close(struct dataset *ds);
+struct znode *dataset_lookup(struct dataset *ds, struct znode *parent,
+			     const char *name, int *err);
+struct znode *znode_of(struct dataset *ds, fuse_ino_t ino);
+struct znode *znode_new(enum znode_kind kind, const char *path);
+void znode_free(struct znode *n);
+void znode_forget(struct dataset *ds, struct znode *n, uint64_t nlookup);
+int znode_stat(struct dataset *ds, struct znode *n, struct stat *st);
+int znode_file(struct dataset *ds, struct znode *n, bool reopen,
+	       struct zfile **out);
+void zfile_put(struct zfile *f);
+int dataset_open_backing(struct dataset *ds, const char *path, int flags);
+struct dir_entry {
+	char *name;  /* served name */
+	mode_t type;
+	ino_t ino;
+};
+int dataset_list(struct dataset *ds, struct znode *dir,
+		 struct dir_entry **out, size_t *n);
+void dataset_list_free(struct dir_entry *e, size_t n);
+int dataset_readlink(struct dataset *ds, struct znode *n, char *buf,
+		     size_t len);
+struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
+			enum znode_kind kind);
+
+/* backing.c */
+extern const struct mapping_ops zfile_mapping_ops;
+int zfile_build_geometry(struct zfile *f);
+
+/* ctl.c */
+#define CTL_DIR_ID (-1)
+int ctl_lookup(struct dataset *ds, struct znode *dir, const char *name,
+	       struct znode **out);
+int ctl_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
+	     size_t *n);
+void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st);
+int ctl_read(struct dataset *ds, struct znode *n, char **buf, size_t *len);
+int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
+	      size_t len);
+
+/* ops.c */
+extern const struct fuse_lowlevel_ops zfolio_ops;
+
+#endif

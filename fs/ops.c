@@ -1,0 +1,560 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The FUSE low-level operations: translate requests, do nothing else.
+ *
+ * Errors inside zfolio are negative errno values; here they become replies.
+ * Every operation that would change the tree gets EROFS.  File data goes
+ * through the cache (cache_read), which replies with iovecs that point into
+ * folios, so userspace copies nothing.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+enum handle_kind { H_FILE, H_DIR, H_CTL };
+
+struct dir_handle {
+	enum handle_kind kind;
+	struct dir_entry *e;
+	size_t n;
+};
+
+struct ctl_handle {
+	enum handle_kind kind;
+	char *buf;
+	size_t len;
+};
+
+struct zfile_handle {
+	enum handle_kind kind;
+	struct zhandle h;
+};
+
+static struct dataset *ds_of(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+static bool is_ctl(const struct znode *n)
+{
+	return n->kind == ZN_CTL_DIR || n->kind == ZN_CTL_FILE;
+}
+
+static void fill_entry(struct dataset *ds, struct znode *n,
+		       struct fuse_entry_param *e, const struct stat *st)
+{
+	memset(e, 0, sizeof(*e));
+	e->ino = n->nodeid;
+	e->attr = *st;
+	e->attr_timeout = is_ctl(n) ? 0 : ds->attr_timeout;
+	e->entry_timeout = is_ctl(n) ? 0 : ds->attr_timeout;
+}
+
+static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct dataset *ds = ds_of(req);
+	struct fuse_entry_param e;
+	struct stat st;
+	struct znode *n;
+	int err;
+
+	n = dataset_lookup(ds, znode_of(ds, parent), name, &err);
+	if (!n) {
+		fuse_reply_err(req, -err);
+		return;
+	}
+	err = znode_stat(ds, n, &st);
+	if (err) {
+		znode_forget(ds, n, 1);
+		fuse_reply_err(req, -err);
+		return;
+	}
+	fill_entry(ds, n, &e, &st);
+	fuse_reply_entry(req, &e);
+}
+
+static void zf_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	struct dataset *ds = ds_of(req);
+
+	znode_forget(ds, znode_of(ds, ino), nlookup);
+	fuse_reply_none(req);
+}
+
+static void zf_forget_multi(fuse_req_t req, size_t count,
+			    struct fuse_forget_data *forgets)
+{
+	struct dataset *ds = ds_of(req);
+
+	for (size_t i = 0; i < count; i++)
+		znode_forget(ds, znode_of(ds, forgets[i].ino),
+			     forgets[i].nlookup);
+	fuse_reply_none(req);
+}
+
+static void zf_getattr(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct znode *n = znode_of(ds, ino);
+	struct stat st;
+	int err;
+
+	(void)fi;
+	err = znode_stat(ds, n, &st);
+	if (err)
+		fuse_reply_err(req, -err);
+	else
+		fuse_reply_attr(req, &st, is_ctl(n) ? 0 : ds->attr_timeout);
+}
+
+static void zf_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
+		       int to_set, struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct znode *n = znode_of(ds, ino);
+	struct stat st;
+
+	(void)attr;
+	(void)fi;
+	/* "echo 1G > memory.max" truncates first: that is not a change */
+	if (n->kind == ZN_CTL_FILE && !(to_set & ~(FUSE_SET_ATTR_SIZE |
+						  FUSE_SET_ATTR_ATIME_NOW |
+						  FUSE_SET_ATTR_MTIME_NOW))) {
+		ctl_stat(ds, n, &st);
+		fuse_reply_attr(req, &st, 0);
+		return;
+	}
+	fuse_reply_err(req, EROFS);
+}
+
+static void zf_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct dataset *ds = ds_of(req);
+	char buf[PATH_MAX + 1];
+	int err = dataset_readlink(ds, znode_of(ds, ino), buf, sizeof(buf));
+
+	if (err)
+		fuse_reply_err(req, -err);
+	else
+		fuse_reply_readlink(req, buf);
+}
+
+static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct dir_handle *h = calloc(1, sizeof(*h));
+	int err;
+
+	if (!h) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	h->kind = H_DIR;
+	err = dataset_list(ds, znode_of(ds, ino), &h->e, &h->n);
+	if (err) {
+		free(h);
+		fuse_reply_err(req, -err);
+		return;
+	}
+	fi->fh = (uint64_t)(uintptr_t)h;
+	fi->cache_readdir = !is_ctl(znode_of(ds, ino));
+	fuse_reply_open(req, fi);
+}
+
+static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
+			   off_t off, struct fuse_file_info *fi, bool plus)
+{
+	struct dataset *ds = ds_of(req);
+	struct dir_handle *h = (struct dir_handle *)(uintptr_t)fi->fh;
+	struct znode *dir = znode_of(ds, ino);
+	char *buf = malloc(size), *p = buf;
+	size_t rem = size;
+
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	for (size_t i = (size_t)off; i < h->n + 2; i++) {
+		const char *name = i == 0 ? "." : i == 1 ? ".." : h->e[i - 2].name;
+		struct fuse_entry_param e = {0};
+		size_t need;
+
+		e.attr.st_mode = i < 2 ? S_IFDIR : h->e[i - 2].type;
+		e.attr.st_ino = i < 2 ? 0 : h->e[i - 2].ino;
+		if (!plus) {
+			need = fuse_add_direntry(req, p, rem, name, &e.attr,
+						 (off_t)i + 1);
+			if (need > rem)
+				break;
+		} else {
+			need = fuse_add_direntry_plus(req, NULL, 0, name, NULL,
+						      0);
+			if (need > rem)
+				break;
+			if (i >= 2) {
+				int err;
+				struct znode *n =
+					dataset_lookup(ds, dir, name, &err);
+
+				if (n && znode_stat(ds, n, &e.attr) == 0) {
+					fill_entry(ds, n, &e, &e.attr);
+				} else if (n) {
+					znode_forget(ds, n, 1);
+				}
+			}
+			fuse_add_direntry_plus(req, p, rem, name, &e,
+					       (off_t)i + 1);
+		}
+		p += need;
+		rem -= need;
+	}
+	fuse_reply_buf(req, buf, size - rem);
+	free(buf);
+}
+
+static void zf_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
+{
+	readdir_common(req, ino, size, off, fi, false);
+}
+
+static void zf_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
+			   off_t off, struct fuse_file_info *fi)
+{
+	readdir_common(req, ino, size, off, fi, true);
+}
+
+static void zf_releasedir(fuse_req_t req, fuse_ino_t ino,
+			  struct fuse_file_info *fi)
+{
+	struct dir_handle *h = (struct dir_handle *)(uintptr_t)fi->fh;
+
+	(void)ino;
+	dataset_list_free(h->e, h->n);
+	free(h);
+	fuse_reply_err(req, 0);
+}
+
+static bool may_write_ctl(fuse_req_t req, struct dataset *ds)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+
+	return ctx->uid == 0 || ctx->uid == ds->owner;
+}
+
+static void open_ctl(fuse_req_t req, struct dataset *ds, struct znode *n,
+		     struct fuse_file_info *fi)
+{
+	struct ctl_handle *h = calloc(1, sizeof(*h));
+	int acc = fi->flags & O_ACCMODE, err = 0;
+
+	if (!h) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	h->kind = H_CTL;
+	if (acc != O_RDONLY && !may_write_ctl(req, ds))
+		err = -EACCES;
+	else if (acc != O_WRONLY)
+		err = ctl_read(ds, n, &h->buf, &h->len);
+	if (err) {
+		free(h);
+		fuse_reply_err(req, -err);
+		return;
+	}
+	fi->fh = (uint64_t)(uintptr_t)h;
+	fi->direct_io = 1;
+	fuse_reply_open(req, fi);
+}
+
+static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct znode *n = znode_of(ds, ino);
+	struct zfile_handle *h;
+	struct zfile *f;
+	int err;
+
+	if (n->kind == ZN_CTL_FILE) {
+		open_ctl(req, ds, n, fi);
+		return;
+	}
+	if (n->kind != ZN_FILE) {
+		fuse_reply_err(req, n->kind == ZN_DIR ? EISDIR : EACCES);
+		return;
+	}
+	if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	err = znode_file(ds, n, true, &f);
+	if (err) {
+		fuse_reply_err(req, -err);
+		return;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h) {
+		zfile_put(f);
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	h->kind = H_FILE;
+	h->h.node = n;
+	h->h.file = f;
+	file_ra_init(&h->h.ra, ds->opt->ra_kb / 4);
+	fi->fh = (uint64_t)(uintptr_t)h;
+	if (ds->opt->cache == CACHE_ENGINE)
+		fi->direct_io = 1;
+	else
+		fi->keep_cache = 1;
+	fuse_reply_open(req, fi);
+}
+
+static int reply_iov(void *arg, const struct iovec *iov, int cnt)
+{
+	fuse_req_t req = arg;
+
+	if (!iov)
+		return cnt < 0 ? fuse_reply_err(req, -cnt)
+			       : fuse_reply_buf(req, NULL, 0);
+	return fuse_reply_iov(req, iov, cnt);
+}
+
+static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
+		     off_t off)
+{
+	if (!h->buf) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	if ((size_t)off >= h->len) {
+		fuse_reply_buf(req, NULL, 0);
+		return;
+	}
+	if (size > h->len - (size_t)off)
+		size = h->len - (size_t)off;
+	fuse_reply_buf(req, h->buf + off, size);
+}
+
+static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct zfile_handle *h = (struct zfile_handle *)(uintptr_t)fi->fh;
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct worker *w = current_worker;
+	struct group *g;
+
+	(void)ino;
+	if (h->kind == H_CTL) {
+		read_ctl(req, (struct ctl_handle *)h, size, off);
+		return;
+	}
+	if (off < 0 || !w) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	g = group_for_request(&ds->cache.budget, ctx->uid, ctx->pid);
+	read_req_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
+		      (uint64_t)off, size);
+	w->rq.fault = !(fi->lock_owner);
+	cache_read(&w->rq, reply_iov, req);
+}
+
+static void zf_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
+		     size_t size, off_t off, struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct znode *n = znode_of(ds, ino);
+	int err;
+
+	(void)off;
+	(void)fi;
+	if (n->kind != ZN_CTL_FILE) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	if (!may_write_ctl(req, ds)) {
+		fuse_reply_err(req, EACCES);
+		return;
+	}
+	err = ctl_write(ds, n, buf, size);
+	if (err)
+		fuse_reply_err(req, -err);
+	else
+		fuse_reply_write(req, size);
+}
+
+static void zf_release(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi)
+{
+	struct zfile_handle *h = (struct zfile_handle *)(uintptr_t)fi->fh;
+
+	(void)ino;
+	if (h->kind == H_CTL) {
+		free(((struct ctl_handle *)h)->buf);
+	} else {
+		file_ra_destroy(&h->h.ra);
+		zfile_put(h->h.file);
+	}
+	free(h);
+	fuse_reply_err(req, 0);
+}
+
+static void zf_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)ino;
+	(void)fi;
+	fuse_reply_err(req, 0);
+}
+
+static void zf_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct dataset *ds = ds_of(req);
+	struct statvfs sv;
+
+	(void)ino;
+	if (fstatvfs(ds->rootfd, &sv)) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	sv.f_bfree = sv.f_bavail = 0; /* nothing can be written */
+	sv.f_ffree = sv.f_favail = 0;
+	sv.f_namemax = 255;
+	fuse_reply_statfs(req, &sv);
+}
+
+static void zf_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+			size_t size)
+{
+	(void)ino;
+	(void)name;
+	(void)size;
+	fuse_reply_err(req, ENODATA);
+}
+
+static void zf_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	(void)ino;
+	if (size == 0)
+		fuse_reply_xattr(req, 0);
+	else
+		fuse_reply_buf(req, NULL, 0);
+}
+
+/* Everything that would change the tree. */
+static void erofs_mknod(fuse_req_t req, fuse_ino_t p, const char *n, mode_t m,
+			dev_t d)
+{
+	(void)p, (void)n, (void)m, (void)d;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_mkdir(fuse_req_t req, fuse_ino_t p, const char *n, mode_t m)
+{
+	(void)p, (void)n, (void)m;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_unlink(fuse_req_t req, fuse_ino_t p, const char *n)
+{
+	(void)p, (void)n;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_symlink(fuse_req_t req, const char *l, fuse_ino_t p,
+			  const char *n)
+{
+	(void)l, (void)p, (void)n;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_rename(fuse_req_t req, fuse_ino_t p, const char *n,
+			 fuse_ino_t np, const char *nn, unsigned int f)
+{
+	(void)p, (void)n, (void)np, (void)nn, (void)f;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_link(fuse_req_t req, fuse_ino_t i, fuse_ino_t p,
+		       const char *n)
+{
+	(void)i, (void)p, (void)n;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_create(fuse_req_t req, fuse_ino_t p, const char *n,
+			 mode_t m, struct fuse_file_info *fi)
+{
+	(void)p, (void)n, (void)m, (void)fi;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_setxattr(fuse_req_t req, fuse_ino_t i, const char *n,
+			   const char *v, size_t s, int f)
+{
+	(void)i, (void)n, (void)v, (void)s, (void)f;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_removexattr(fuse_req_t req, fuse_ino_t i, const char *n)
+{
+	(void)i, (void)n;
+	fuse_reply_err(req, EROFS);
+}
+
+static void erofs_fallocate(fuse_req_t req, fuse_ino_t i, int m, off_t o,
+			    off_t l, struct fuse_file_info *fi)
+{
+	(void)i, (void)m, (void)o, (void)l, (void)fi;
+	fuse_reply_err(req, EROFS);
+}
+
+static void zf_init(void *userdata, struct fuse_conn_info *conn)
+{
+	(void)userdata;
+	/* read-only data never changes under the kernel's page cache */
+	if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
+		conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+	conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+}
+
+const struct fuse_lowlevel_ops zfolio_ops = {
+	.init = zf_init,
+	.lookup = zf_lookup,
+	.forget = zf_forget,
+	.forget_multi = zf_forget_multi,
+	.getattr = zf_getattr,
+	.setattr = zf_setattr,
+	.readlink = zf_readlink,
+	.mknod = erofs_mknod,
+	.mkdir = erofs_mkdir,
+	.unlink = erofs_unlink,
+	.rmdir = erofs_unlink,
+	.symlink = erofs_symlink,
+	.rename = erofs_rename,
+	.link = erofs_link,
+	.open = zf_open,
+	.read = zf_read,
+	.write = zf_write,
+	.flush = zf_flush,
+	.release = zf_release,
+	.opendir = zf_opendir,
+	.readdir = zf_readdir,
+	.readdirplus = zf_readdirplus,
+	.releasedir = zf_releasedir,
+	.statfs = zf_statfs,
+	.setxattr = erofs_setxattr,
+	.getxattr = zf_getxattr,
+	.listxattr = zf_listxattr,
+	.removexattr = erofs_removexattr,
+	.create = erofs_create,
+	.fallocate = erofs_fallocate,
+};

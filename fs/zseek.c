@@ -1,0 +1,584 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The zstd seekable format: reading, writing, and indexing foreign files.
+ *
+ * A seekable file is independent zstd frames, then one skippable frame that
+ * holds the seek table: one entry per frame (compressed size, content size,
+ * and with the checksum flag the low 32 bits of XXH64 of its content), then
+ * a 9-byte footer (frame count, descriptor, magic 0x8F92EAB1).  Any zstd
+ * decoder reads the whole file; the table lets us find the frame that holds
+ * any content offset without decoding.
+ *
+ * A .zst file without a table is indexed by walking its frame headers and
+ * block headers (no decoding); a frame whose header omits its content size
+ * is measured once by decoding it, and counted.
+ *
+ * Nothing read from a file is trusted: the table's count is bounded by
+ * ZSEEK_MAX_FRAMES and by the file size before the entries are read, each
+ * entry by ZSEEK_MAX_FRAME_CONTENT, and the entries must add up to exactly
+ * the bytes before the table.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "fs.h"
+
+static inline uint32_t le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static inline void put_le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+/* Read exactly len bytes at off, or fail. */
+static int read_exact(zseek_read_fn rd, void *ctx, void *buf, size_t len,
+		      uint64_t off)
+{
+	ssize_t n = rd(ctx, buf, len, off);
+
+	if (n < 0)
+		return (int)n;
+	return (size_t)n == len ? 0 : -EBADMSG;
+}
+
+ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off)
+{
+	int fd = *(int *)ctx;
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pread(fd, (char *)buf + done, len - done,
+				  (off_t)(off + done));
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			break;
+		done += (size_t)n;
+	}
+	return (ssize_t)done;
+}
+
+void zseek_index_free(struct zseek_index *idx)
+{
+	free(idx->frames);
+	idx->frames = NULL;
+	idx->nframes = 0;
+}
+
+/* Returns -ENOENT if there is no seek table, -EBADMSG if it lies. */
+int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
+			   struct zseek_index *idx, char *err, size_t errlen)
+{
+	uint8_t foot[ZSEEK_FOOTER_SIZE], head[8];
+	uint64_t entry_size, table_bytes, frame_bytes, table_off, c = 0, d = 0;
+	uint32_t n, kept = 0;
+	uint8_t *tab;
+	int r;
+
+	if (file_size < ZSEEK_FOOTER_SIZE + 8)
+		return -ENOENT;
+	r = read_exact(rd, ctx, foot, sizeof(foot),
+		       file_size - ZSEEK_FOOTER_SIZE);
+	if (r)
+		return fail(err, errlen, r == -EBADMSG ? -EIO : r,
+			    "cannot read the footer");
+	if (le32(foot + 5) != ZSEEK_FOOTER_MAGIC)
+		return -ENOENT;
+	n = le32(foot);
+	if (foot[4] & 0x7c)
+		return fail(err, errlen, -EBADMSG,
+			    "seek table: reserved descriptor bits set");
+	idx->has_checksum = foot[4] & 0x80;
+	entry_size = idx->has_checksum ? 12 : 8;
+	if (n > ZSEEK_MAX_FRAMES)
+		return fail(err, errlen, -EBADMSG,
+			    "seek table: %u frames is over the limit of %u", n,
+			    ZSEEK_MAX_FRAMES);
+	table_bytes = (uint64_t)n * entry_size;
+	frame_bytes = table_bytes + ZSEEK_FOOTER_SIZE + 8;
+	if (frame_bytes > file_size)
+		return fail(err, errlen, -EBADMSG,
+			    "seek table: %u frames do not fit in %llu bytes",
+			    n, (unsigned long long)file_size);
+	table_off = file_size - frame_bytes;
+	r = read_exact(rd, ctx, head, sizeof(head), table_off);
+	if (r)
+		return fail(err, errlen, -EIO, "cannot read the seek table");
+	if (le32(head) != ZSEEK_SKIPPABLE_MAGIC ||
+	    le32(head + 4) != table_bytes + ZSEEK_FOOTER_SIZE)
+		return fail(err, errlen, -EBADMSG,
+			    "seek table: frame header does not match footer");
+	tab = malloc(table_bytes ? table_bytes : 1);
+	idx->frames = calloc(n ? n : 1, sizeof(*idx->frames));
+	if (!tab || !idx->frames) {
+		free(tab);
+		free(idx->frames);
+		idx->frames = NULL;
+		return fail(err, errlen, -ENOMEM, "out of memory");
+	}
+	r = read_exact(rd, ctx, tab, table_bytes, table_off + 8);
+	if (r) {
+		free(tab);
+		zseek_index_free(idx);
+		return fail(err, errlen, -EIO, "cannot read the seek table");
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *e = tab + i * entry_size;
+		struct zseek_frame *fr = &idx->frames[kept];
+		uint32_t cs = le32(e), ds = le32(e + 4);
+
+		if (ds > ZSEEK_MAX_FRAME_CONTENT || c + cs > table_off) {
+			free(tab);
+			zseek_index_free(idx);
+			return fail(err, errlen, -EBADMSG,
+				    "seek table: entry %u is out of bounds",
+				    i);
+		}
+		fr->c_off = c;
+		fr->d_off = d;
+		fr->c_size = cs;
+		fr->d_size = ds;
+		fr->checksum = idx->has_checksum ? le32(e + 8) : 0;
+		fr->sized = true;
+		c += cs;
+		d += ds;
+		if (ds) /* skippable or empty frames hold no content */
+			kept++;
+	}
+	free(tab);
+	if (c != table_off) {
+		zseek_index_free(idx);
+		return fail(err, errlen, -EBADMSG,
+			    "seek table: frames cover %llu bytes, file has "
+			    "%llu before the table",
+			    (unsigned long long)c,
+			    (unsigned long long)table_off);
+	}
+	idx->kind = ZSEEK_SEEKABLE;
+	idx->nframes = kept;
+	idx->content_size = d;
+	return 0;
+}
+
+/* Walk one frame's blocks from pos: returns its end, or a negative errno. */
+static int64_t walk_blocks(zseek_read_fn rd, void *ctx, uint64_t pos,
+			   uint64_t file_size)
+{
+	for (;;) {
+		uint8_t bh[3];
+		uint32_t h, type, size;
+
+		if (pos + 3 > file_size || read_exact(rd, ctx, bh, 3, pos))
+			return -EBADMSG;
+		h = (uint32_t)bh[0] | (uint32_t)bh[1] << 8 |
+		    (uint32_t)bh[2] << 16;
+		type = (h >> 1) & 3;
+		size = h >> 3;
+		if (type == 3 || size > ZSTD_BLOCKSIZE_MAX)
+			return -EBADMSG;
+		pos += 3 + (type == 1 ? 1 : size);
+		if (pos > file_size)
+			return -EBADMSG;
+		if (h & 1)
+			return (int64_t)pos;
+	}
+}
+
+static int frames_push(struct zseek_index *idx, uint32_t *cap,
+		       const struct zseek_frame *fr)
+{
+	if (idx->nframes == *cap) {
+		uint32_t ncap = *cap ? *cap * 2 : 64;
+		struct zseek_frame *v;
+
+		if (idx->nframes >= ZSEEK_MAX_FRAMES)
+			return -E2BIG;
+		v = realloc(idx->frames, ncap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		idx->frames = v;
+		*cap = ncap;
+	}
+	idx->frames[idx->nframes++] = *fr;
+	return 0;
+}
+
+int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
+		      struct zseek_index *idx, char *err, size_t errlen)
+{
+	uint64_t off = 0, d = 0;
+	uint32_t cap = 0;
+
+	idx->frames = NULL;
+	idx->nframes = 0;
+	while (off < file_size) {
+		uint8_t hdr[ZSTD_FRAMEHEADERSIZE_MAX];
+		size_t n = file_size - off < sizeof(hdr) ? file_size - off
+							 : sizeof(hdr);
+		ZSTD_frameHeader fh;
+		struct zseek_frame fr = {0};
+		int64_t end;
+		size_t hsize;
+		uint32_t magic;
+
+		if (n < 8 || read_exact(rd, ctx, hdr, n, off))
+			goto bad;
+		magic = le32(hdr);
+		if ((magic & ZSEEK_SKIPPABLE_MASK) == ZSEEK_SKIPPABLE_START) {
+			off += 8 + (uint64_t)le32(hdr + 4);
+			if (off > file_size)
+				goto bad;
+			continue;
+		}
+		if (magic != ZSEEK_ZSTD_MAGIC)
+			goto bad;
+		hsize = ZSTD_frameHeaderSize(hdr, n);
+		if (ZSTD_isError(hsize) || ZSTD_getFrameHeader(&fh, hdr, n))
+			goto bad;
+		end = walk_blocks(rd, ctx, off + hsize, file_size);
+		if (end < 0)
+			goto bad;
+		if (fh.checksumFlag)
+			end += 4;
+		if ((uint64_t)end > file_size)
+			goto bad;
+		fr.c_off = off;
+		fr.c_size = (uint64_t)end - off;
+		fr.d_off = d;
+		fr.sized = fh.frameContentSize != ZSTD_CONTENTSIZE_UNKNOWN;
+		fr.d_size = fr.sized ? fh.frameContentSize : 0;
+		if (fr.d_size > ZSEEK_MAX_CONTENT - d)
+			goto bad;
+		/* keep unsized frames: their size is measured later */
+		if (fr.d_size || !fr.sized) {
+			int r = frames_push(idx, &cap, &fr);
+
+			if (r) {
+				zseek_index_free(idx);
+				return fail(err, errlen, r,
+					    "too many frames (limit %u)",
+					    ZSEEK_MAX_FRAMES);
+			}
+		}
+		d += fr.d_size;
+		off = (uint64_t)end;
+	}
+	idx->kind = ZSEEK_WALKED;
+	idx->content_size = d;
+	idx->has_checksum = false;
+	return 0;
+bad:
+	zseek_index_free(idx);
+	return fail(err, errlen, -EBADMSG,
+		    "not a valid zstd stream at offset %llu",
+		    (unsigned long long)off);
+}
+
+/* Measure frames whose headers do not say their size: decode them once. */
+static int measure_unsized(zseek_read_fn rd, void *ctx,
+			   struct zseek_index *idx, char *err, size_t errlen)
+{
+	struct zseek_stream s;
+	uint64_t d = 0;
+	uint32_t kept = 0;
+	int r = 0;
+
+	for (uint32_t i = 0; i < idx->nframes; i++)
+		if (!idx->frames[i].sized)
+			goto measure;
+	return 0;
+measure:
+	r = zseek_stream_init(&s);
+	if (r)
+		return fail(err, errlen, r, "out of memory");
+	for (uint32_t i = 0; i < idx->nframes; i++) {
+		struct zseek_frame *fr = &idx->frames[i];
+
+		if (!fr->sized) {
+			int64_t n = zseek_stream_count(&s, rd, ctx, fr);
+
+			if (n < 0) {
+				r = fail(err, errlen, (int)n,
+					 "frame at offset %llu does not decode",
+					 (unsigned long long)fr->c_off);
+				break;
+			}
+			fr->d_size = (uint64_t)n;
+			idx->nunsized++;
+		}
+		fr->d_off = d;
+		d += fr->d_size;
+		if (fr->d_size)
+			idx->frames[kept++] = *fr;
+	}
+	zseek_stream_free(&s);
+	idx->nframes = kept;
+	idx->content_size = d;
+	return r;
+}
+
+int zseek_index_build(zseek_read_fn rd, void *ctx, uint64_t file_size,
+		      bool decode, struct zseek_index *idx, char *err,
+		      size_t errlen)
+{
+	uint8_t magic[4];
+	int r;
+
+	memset(idx, 0, sizeof(*idx));
+	idx->file_size = file_size;
+	idx->kind = ZSEEK_RAW;
+	idx->content_size = file_size;
+	if (!decode)
+		return 0;
+	if (file_size == 0) {
+		idx->kind = ZSEEK_WALKED; /* an empty stream: no content */
+		idx->content_size = 0;
+		return 0;
+	}
+	if (file_size < 4 || read_exact(rd, ctx, magic, 4, 0))
+		return fail(err, errlen, -EBADMSG, "too short to be zstd");
+	if (le32(magic) != ZSEEK_ZSTD_MAGIC &&
+	    (le32(magic) & ZSEEK_SKIPPABLE_MASK) != ZSEEK_SKIPPABLE_START)
+		return fail(err, errlen, -EBADMSG, "not a zstd file");
+	r = zseek_parse_seek_table(rd, ctx, file_size, idx, err, errlen);
+	if (r != -ENOENT)
+		return r;
+	r = zseek_walk_frames(rd, ctx, file_size, idx, err, errlen);
+	if (r)
+		return r;
+	r = measure_unsized(rd, ctx, idx, err, errlen);
+	if (r)
+		zseek_index_free(idx);
+	return r;
+}
+
+uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos)
+{
+	uint32_t lo = 0, hi = idx->nframes ? idx->nframes - 1 : 0;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo + 1) / 2;
+
+		if (idx->frames[mid].d_off <= pos)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
+		       bool check, const void *src, void *dst)
+{
+	size_t r = ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
+
+	if (ZSTD_isError(r) || r != fr->d_size)
+		return -EBADMSG;
+	if (check && (uint32_t)XXH64(dst, fr->d_size, 0) != fr->checksum)
+		return -EBADMSG;
+	return 0;
+}
+
+size_t zseek_table_size(uint32_t nframes)
+{
+	return 8 + (size_t)nframes * 12 + ZSEEK_FOOTER_SIZE;
+}
+
+size_t zseek_write_table(const struct zseek_writer_entry *e, uint32_t n,
+			 void *out, size_t cap)
+{
+	uint8_t *p = out;
+	size_t need = zseek_table_size(n);
+
+	if (cap < need)
+		return 0;
+	put_le32(p, ZSEEK_SKIPPABLE_MAGIC);
+	put_le32(p + 4, (uint32_t)(need - 8));
+	p += 8;
+	for (uint32_t i = 0; i < n; i++, p += 12) {
+		put_le32(p, e[i].c_size);
+		put_le32(p + 4, e[i].d_size);
+		put_le32(p + 8, e[i].checksum);
+	}
+	put_le32(p, n);
+	p[4] = 0x80; /* Checksum_Flag */
+	put_le32(p + 5, ZSEEK_FOOTER_MAGIC);
+	return need;
+}
+
+size_t zseek_compress_frame(ZSTD_CCtx *cctx, int level, const void *src,
+			    size_t len, void *dst, size_t cap,
+			    uint32_t *checksum)
+{
+	size_t r;
+
+	ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
+	ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
+	ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
+	ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 0);
+	r = ZSTD_compress2(cctx, dst, cap, src, len);
+	*checksum = (uint32_t)XXH64(src, len, 0);
+	return r;
+}
+
+int zseek_stream_init(struct zseek_stream *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->ds = ZSTD_createDStream();
+	s->in_cap = ZSTD_DStreamInSize();
+	s->inbuf = malloc(s->in_cap);
+	s->scratch = malloc(ZSTD_BLOCKSIZE_MAX);
+	s->frame = UINT32_MAX;
+	if (!s->ds || !s->inbuf || !s->scratch) {
+		zseek_stream_free(s);
+		return -ENOMEM;
+	}
+	/* untrusted frames must not make us allocate a huge window */
+	ZSTD_DCtx_setParameter(s->ds, ZSTD_d_windowLogMax,
+			       ZSEEK_STREAM_WINDOW_LOG);
+	return 0;
+}
+
+void zseek_stream_free(struct zseek_stream *s)
+{
+	ZSTD_freeDStream(s->ds);
+	free(s->inbuf);
+	free(s->scratch);
+	memset(s, 0, sizeof(*s));
+	s->frame = UINT32_MAX;
+}
+
+static void stream_reset(struct zseek_stream *s, const struct zseek_frame *fr,
+			 uint32_t frame)
+{
+	ZSTD_DCtx_reset(s->ds, ZSTD_reset_session_only);
+	s->frame = frame;
+	s->in_off = fr->c_off;
+	s->out_pos = 0;
+	s->in_pos = s->in_len = 0;
+}
+
+/*
+ * Produce the frame's content into dst (len bytes, or discarding when dst
+ * is NULL, until the frame ends).  Returns bytes produced or -errno.
+ */
+static int64_t stream_pump(struct zseek_stream *s, zseek_read_fn rd,
+			   void *ctx, const struct zseek_frame *fr, void *dst,
+			   size_t len)
+{
+	uint64_t produced = 0, end = fr->c_off + fr->c_size;
+
+	while (dst ? produced < len : true) {
+		ZSTD_inBuffer in;
+		ZSTD_outBuffer out;
+		size_t r;
+
+		if (s->in_pos == s->in_len) {
+			size_t n = end - s->in_off < s->in_cap
+					   ? (size_t)(end - s->in_off)
+					   : s->in_cap;
+			ssize_t got;
+
+			if (n == 0)
+				return dst ? -EBADMSG : (int64_t)produced;
+			got = rd(ctx, s->inbuf, n, s->in_off);
+			if (got < 0)
+				return got;
+			if ((size_t)got != n)
+				return -EBADMSG;
+			s->in_off += n;
+			s->in_pos = 0;
+			s->in_len = n;
+		}
+		in = (ZSTD_inBuffer){s->inbuf, s->in_len, s->in_pos};
+		if (dst)
+			out = (ZSTD_outBuffer){(char *)dst + produced,
+					       len - produced, 0};
+		else
+			out = (ZSTD_outBuffer){s->scratch, ZSTD_BLOCKSIZE_MAX,
+					       0};
+		r = ZSTD_decompressStream(s->ds, &out, &in);
+		if (ZSTD_isError(r))
+			return -EBADMSG;
+		s->in_pos = in.pos;
+		s->out_pos += out.pos;
+		produced += out.pos;
+		if (produced > ZSEEK_MAX_CONTENT)
+			return -EFBIG;
+		if (r == 0) { /* the frame is complete */
+			if (dst && produced < len)
+				return -EBADMSG;
+			if (!dst)
+				return (int64_t)produced;
+		}
+	}
+	return (int64_t)produced;
+}
+
+int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,
+			   void *ctx, const struct zseek_frame *fr)
+{
+	stream_reset(s, fr, UINT32_MAX);
+	return stream_pump(s, rd, ctx, fr, NULL, 0);
+}
+
+/* Content [off, off + len) of frame, continuing the stream when it can. */
+int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
+		      const struct zseek_index *idx, uint32_t frame,
+		      uint64_t off_in_frame, void *dst, size_t len)
+{
+	const struct zseek_frame *fr = &idx->frames[frame];
+	int64_t r;
+
+	if (off_in_frame + len > fr->d_size)
+		return -EINVAL;
+	if (s->frame != frame || s->out_pos > off_in_frame)
+		stream_reset(s, fr, frame);
+	while (s->out_pos < off_in_frame) {
+		size_t skip = off_in_frame - s->out_pos < ZSTD_BLOCKSIZE_MAX
+				      ? (size_t)(off_in_frame - s->out_pos)
+				      : ZSTD_BLOCKSIZE_MAX;
+
+		r = stream_pump(s, rd, ctx, fr, s->scratch, skip);
+		if (r < 0)
+			goto bad;
+	}
+	r = stream_pump(s, rd, ctx, fr, dst, len);
+	if (r < 0)
+		goto bad;
+	return 0;
+bad:
+	s->frame = UINT32_MAX; /* start over next time */
+	return (int)r;
+}
