@@ -575,20 +575,27 @@ int dataset_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
 	}
 	closedir(dp);
 	qsort(names, n, sizeof(*names), cmp_str);
-	for (size_t i = 0; i < n; i++) {
+	/* decide every rename against the original names, then apply */
+	char **renamed = calloc(n ? n : 1, sizeof(*renamed));
+
+	for (size_t i = 0; renamed && i < n; i++) {
 		size_t len = strlen(e[i].name);
 
 		if (S_ISREG(e[i].type) && ends_with_zst(e[i].name)) {
 			char *stripped = strndup(e[i].name, len - ZST_LEN);
 
-			if (stripped && !name_in(names, n, stripped)) {
-				free(e[i].name);
-				e[i].name = stripped;
-			} else {
+			if (stripped && !name_in(names, n, stripped))
+				renamed[i] = stripped;
+			else
 				free(stripped);
-			}
 		}
 	}
+	for (size_t i = 0; renamed && i < n; i++)
+		if (renamed[i]) {
+			free(e[i].name);
+			e[i].name = renamed[i];
+		}
+	free(renamed);
 	free(names);
 	*out = e;
 	*count = n;

@@ -324,6 +324,7 @@ static char **list_dir(int fd, size_t *n, const char *path)
 
 	if (!d)
 		die("%s: %s", path, strerror(errno));
+	rewinddir(d); /* the dup shares the offset of an earlier listing */
 	*n = 0;
 	while ((e = readdir(d))) {
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -187,7 +188,9 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
 		size_t need;
 
 		e.attr.st_mode = i < 2 ? S_IFDIR : h->e[i - 2].type;
-		e.attr.st_ino = i < 2 ? 0 : h->e[i - 2].ino;
+		/* readdir(3) skips entries whose inode number is 0 */
+		e.attr.st_ino = i < 2 || !h->e[i - 2].ino ? ino
+							  : h->e[i - 2].ino;
 		if (!plus) {
 			need = fuse_add_direntry(req, p, rem, name, &e.attr,
 						 (off_t)i + 1);
@@ -202,9 +205,10 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
 				int err;
 				struct znode *n =
 					dataset_lookup(ds, dir, name, &err);
+				struct stat st;
 
-				if (n && znode_stat(ds, n, &e.attr) == 0) {
-					fill_entry(ds, n, &e, &e.attr);
+				if (n && znode_stat(ds, n, &st) == 0) {
+					fill_entry(ds, n, &e, &st);
 				} else if (n) {
 					znode_forget(ds, n, 1);
 				}
