@@ -2,11 +2,11 @@
 /*
  * Hierarchical page counters: mirrors mm/page_counter.c.
  *
- * usage is charged speculatively: each level adds first and checks after.
- * If a level would pass its max, the add is undone there and at every level
- * below it, so a refused charge leaves no trace.  A racing small charge may
- * see a large one that is about to be undone and fail too; the error is
- * bounded by the size of the charge, as in the kernel.
+ * Charging walks from the group to the root; each level takes the pages
+ * with a compare-and-swap that refuses to pass its max.  If a level refuses,
+ * the levels below it are given back, so a refused charge leaves no trace.
+ * Unlike the kernel's speculative add, usage is never above max, not even
+ * for an instant, which is what memory.current readers are promised.
  *
  * max and usage pair up in counter_set_max(): the new max is stored first,
  * then usage is re-read, so a charge that slipped in between is seen and the
@@ -44,20 +44,29 @@ bool counter_try_charge(struct counter *c, long nr, struct counter **fail)
 	struct counter *i;
 
 	for (i = c; i; i = i->parent) {
-		/* seq_cst add pairs with the store+reload in set_max */
-		long usage = atomic_fetch_add(&i->usage, nr) + nr;
-
-		if (usage > atomic_load(&i->max)) {
-			atomic_fetch_sub(&i->usage, nr);
-			atomic_fetch_add_explicit(&i->failcnt, 1,
+		long usage = atomic_load_explicit(&i->usage,
 						  memory_order_relaxed);
-			if (fail)
-				*fail = i;
-			for (struct counter *j = c; j != i; j = j->parent)
-				atomic_fetch_sub(&j->usage, nr);
-			return false;
-		}
-		counter_raise_peak(i, usage);
+
+		/*
+		 * Compare-and-swap, not the kernel's add-then-undo: usage
+		 * never exceeds max even for an instant, so a sampler of
+		 * memory.current never sees it above memory.max.  seq_cst
+		 * pairs with the exchange and re-read in counter_set_max.
+		 */
+		do {
+			if (usage + nr > atomic_load(&i->max)) {
+				atomic_fetch_add_explicit(&i->failcnt, 1,
+							  memory_order_relaxed);
+				if (fail)
+					*fail = i;
+				for (struct counter *j = c; j != i;
+				     j = j->parent)
+					atomic_fetch_sub(&j->usage, nr);
+				return false;
+			}
+		} while (!atomic_compare_exchange_weak(&i->usage, &usage,
+						       usage + nr));
+		counter_raise_peak(i, usage + nr);
 	}
 	return true;
 }

@@ -41,6 +41,7 @@ enum folio_flag {
 	FOLIO_SPECULATIVE,/* brought in by readahead, not by a demand read */
 	FOLIO_READAROUND, /* brought in by read-around */
 	FOLIO_ON_LRU,     /* on its group's LRU lists */
+	FOLIO_SPARED,     /* reclaim gave it a second chance (referenced) */
 };
 
 #define FOLIO_MAX_BYTES (16u << 20) /* largest folio the cache holds */

@@ -4,10 +4,13 @@
  *
  * Each budget group has an active and an inactive list.  New folios enter
  * the inactive list; folio_mark_accessed() promotes a folio read twice.  A
- * reclaim pass scans the inactive list from its tail: a referenced folio is
- * promoted instead of evicted, a locked folio or one with readers is rotated,
- * anything else is frozen (refcount 1 -> 0), taken out of its slot and
- * freed.  When the inactive list is low against the active one (the kernel's
+ * reclaim pass scans the inactive list from its tail, and never evicts a
+ * folio referenced since the scan last saw it (folio_check_references()):
+ * referenced and already spared once, it is promoted to the active list;
+ * referenced for the first time, its bit is cleared and it gets a second
+ * trip round the inactive list.  A locked folio or one with readers is
+ * rotated; anything else is frozen (refcount 1 -> 0), taken out of its slot
+ * and freed.  When the inactive list is low against the active one (the kernel's
  * inactive_is_low() ratio, 1:1 below 1 GiB, sqrt(10 * GiB) above) folios move
  * from the active tail to the inactive head, losing their referenced bit.
  *
@@ -183,11 +186,16 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 			break;
 		f = cds_list_entry(l->inactive.prev, struct folio, lru);
 		*scanned += f->nr_pages;
-		if (folio_test(f, FOLIO_REFERENCED)) {
-			/* accessed since it came in: promote, not evict */
+		if (folio_test_clear(f, FOLIO_REFERENCED)) {
+			if (!folio_test_clear(f, FOLIO_SPARED)) {
+				/* referenced once: a second trip, not eviction */
+				folio_set(f, FOLIO_SPARED);
+				cds_list_move(&f->lru, &l->inactive);
+				continue;
+			}
+			/* referenced again after its second chance: promote */
 			cds_list_move(&f->lru, &l->active);
 			lru_account(f, false, -1);
-			folio_clear(f, FOLIO_REFERENCED);
 			folio_set(f, FOLIO_ACTIVE);
 			lru_account(f, true, 1);
 			stat_mod(g, STAT_PGACTIVATE, f->nr_pages);

@@ -151,6 +151,12 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 		if (!folio_try_get(f))
 			continue; /* reclaim is taking it out: look again */
 		if (folio_test(f, FOLIO_LOCKED)) {
+			/*
+			 * Fill our own deferred folios before sleeping on
+			 * someone else's: they may be waiting for ours.
+			 */
+			if (rq->pending && c->ra_ops)
+				c->ra_ops->finish(rq);
 			rq->waited_io = true;
 			folio_wait_locked(f, !rq->lockless_used);
 		}

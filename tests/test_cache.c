@@ -1,0 +1,348 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The engine (cache + readahead + accounting) with a fake mapping whose
+ * folios hold a known pattern: reads return the right bytes under a budget
+ * far below the data, from several threads; the budget is never passed;
+ * LRU promotion keeps what is read again; a read is still served from a
+ * bounce buffer when everything is pinned; hot folios are read without
+ * references and their data waits for a grace period.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../readahead/readahead.h"
+#include "check.h"
+
+#define FOLIO 131072u
+
+static unsigned char pattern(uint64_t pos)
+{
+	return (unsigned char)((pos * 2654435761u) >> 13);
+}
+
+static atomic_int fills;
+
+static int fake_submit(struct fill_batch *b)
+{
+	(void)b;
+	return 0;
+}
+
+static void fill_pattern(struct mapping *m, unsigned long index, void *buf)
+{
+	uint64_t pos = mapping_folio_pos(m, index);
+	uint32_t len = mapping_folio_len(m, index);
+
+	for (uint32_t i = 0; i < len; i++)
+		((unsigned char *)buf)[i] = pattern(pos + i);
+}
+
+static int fake_fill(struct fill_batch *b, unsigned int i)
+{
+	struct folio *f = b->folios[i];
+
+	atomic_fetch_add(&fills, 1);
+	fill_pattern(b->mapping, f->index, f->data);
+	return 0;
+}
+
+static void fake_finish(struct fill_batch *b)
+{
+	(void)b;
+}
+
+static int fake_read_into(struct mapping *m, void *ctx, unsigned long index,
+			  void *buf)
+{
+	(void)ctx;
+	fill_pattern(m, index, buf);
+	return 0;
+}
+
+static const struct mapping_ops fake_ops = {
+	.submit = fake_submit,
+	.fill = fake_fill,
+	.finish = fake_finish,
+	.read_into = fake_read_into,
+};
+
+struct sink {
+	unsigned char *buf;
+	size_t len;
+	int err;
+};
+
+static int sink_reply(void *arg, const struct iovec *iov, int cnt)
+{
+	struct sink *s = arg;
+
+	s->len = 0;
+	s->err = 0;
+	if (!iov) {
+		s->err = cnt;
+		return 0;
+	}
+	for (int i = 0; i < cnt; i++) {
+		memcpy(s->buf + s->len, iov[i].iov_base, iov[i].iov_len);
+		s->len += iov[i].iov_len;
+	}
+	return 0;
+}
+
+static void setup(struct cache *c, unsigned long budget_pages, bool lockless)
+{
+	struct cache_config cfg = {
+		.budget = {.max_pages = budget_pages,
+			   .high_pages = COUNTER_MAX,
+			   .group_max_pages = COUNTER_MAX,
+			   .group_high_pages = COUNTER_MAX},
+		.lockless = lockless,
+	};
+	struct ra_config rc = {.ra_pages = 32, .reclaim = RA_RECLAIM_BATCH};
+
+	CHECK_EQ(cache_init(c, &cfg), 0);
+	CHECK_EQ(cache_start(c), 0);
+	readahead_init(c, &rc);
+}
+
+static struct mapping *fake_mapping(struct cache *c, uint64_t size)
+{
+	return mapping_create(c, &fake_ops, NULL, size,
+			      (unsigned long)((size + FOLIO - 1) / FOLIO), FOLIO,
+			      NULL);
+}
+
+static int read_at(struct mapping *m, struct file_ra_state *ra,
+		   struct group *g, uint64_t pos, size_t len, struct sink *s)
+{
+	static __thread struct read_req *rq;
+
+	if (!rq)
+		rq = malloc(sizeof(*rq));
+	read_req_init(rq, m, ra, g, NULL, pos, len);
+	cache_read(rq, sink_reply, s);
+	cache_quiescent();
+	return s->err;
+}
+
+static bool bytes_ok(const struct sink *s, uint64_t pos)
+{
+	for (size_t i = 0; i < s->len; i++)
+		if (s->buf[i] != pattern(pos + i))
+			return false;
+	return true;
+}
+
+static void test_sequential(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct file_ra_state ra;
+	struct sink s = {.buf = malloc(1 << 20)};
+	uint64_t size = 10 * FOLIO + 12345;
+
+	cache_thread_register();
+	setup(&c, 1024, true);
+	m = fake_mapping(&c, size);
+	file_ra_init(&ra, 32);
+	for (uint64_t pos = 0; pos < size; pos += 65536) {
+		CHECK_EQ(read_at(m, &ra, &c.budget.root, pos, 65536, &s), 0);
+		CHECK_EQ(s.len, pos + 65536 <= size ? 65536 : size - pos);
+		CHECK(bytes_ok(&s, pos));
+	}
+	/* every folio read once, most of them ahead of the reader */
+	CHECK_EQ(atomic_load(&fills), 11);
+	CHECK(stat_read(&c.budget.root, STAT_RA_WINDOWS) >= 9);
+	CHECK_EQ(stat_read(&c.budget.root, STAT_FILE), 10 * 32 + 4);
+	/* a read past the end returns nothing */
+	CHECK_EQ(read_at(m, &ra, &c.budget.root, size, 100, &s), 0);
+	CHECK_EQ(s.len, 0);
+	file_ra_destroy(&ra);
+	mapping_put(m);
+	CHECK_EQ(counter_read(&c.budget.root.mem), stock_pages(&c.budget));
+	cache_thread_unregister(); /* destroy waits for a grace period */
+	cache_destroy(&c);
+	free(s.buf);
+}
+
+struct storm {
+	struct cache *c;
+	struct mapping *m;
+	uint64_t size;
+	atomic_bool stop;
+	atomic_int bad;
+	atomic_long over;
+};
+
+static void *storm_reader(void *arg)
+{
+	struct storm *st = arg;
+	struct sink s = {.buf = malloc(1 << 20)};
+	struct file_ra_state ra;
+	unsigned long long seed = (unsigned long long)pthread_self() | 1;
+
+	cache_thread_register();
+	file_ra_init(&ra, 32);
+	for (int i = 0; i < 3000; i++) {
+		uint64_t pos = test_rand(&seed) % st->size;
+		size_t len = 1 + test_rand(&seed) % (300 << 10);
+
+		if (read_at(st->m, &ra, &st->c->budget.root, pos, len, &s) ||
+		    !bytes_ok(&s, pos))
+			atomic_fetch_add(&st->bad, 1);
+	}
+	file_ra_destroy(&ra);
+	cache_thread_unregister();
+	free(s.buf);
+	return NULL;
+}
+
+static void *storm_watch(void *arg)
+{
+	struct storm *st = arg;
+	struct counter *k = &st->c->budget.root.mem;
+
+	while (!atomic_load(&st->stop))
+		if (counter_read(k) > atomic_load(&k->max))
+			atomic_fetch_add(&st->over, 1);
+	return NULL;
+}
+
+/* 4 threads, random ranges, a budget of 16 folios for 200 of data. */
+static void test_storm(void)
+{
+	struct cache c;
+	struct storm st = {.c = &c, .size = 200 * (uint64_t)FOLIO - 777};
+	pthread_t t[4], w;
+
+	setup(&c, 16 * 32, true);
+	st.m = fake_mapping(&c, st.size);
+	pthread_create(&w, NULL, storm_watch, &st);
+	for (int i = 0; i < 4; i++)
+		pthread_create(&t[i], NULL, storm_reader, &st);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	atomic_store(&st.stop, true);
+	pthread_join(w, NULL);
+	CHECK_EQ(atomic_load(&st.bad), 0);
+	CHECK_EQ(atomic_load(&st.over), 0);
+	CHECK(stat_read(&c.budget.root, STAT_RECLAIM_PASSES) > 0);
+	CHECK(atomic_load(&c.budget.root.mem.peak) <= 16 * 32);
+	mapping_put(st.m);
+	cache_destroy(&c);
+}
+
+/* Everything pinned: the read is served, uncached, from a bounce buffer. */
+static void test_bounce(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct sink s = {.buf = malloc(1 << 20)};
+	struct folio *pinned[4];
+
+	cache_thread_register();
+	setup(&c, 4 * 32, true);
+	m = fake_mapping(&c, 10 * FOLIO);
+	for (unsigned long i = 0; i < 4; i++)
+		CHECK_EQ(read_at(m, NULL, &c.budget.root, i * FOLIO, 10, &s), 0);
+	for (unsigned long i = 0; i < 4; i++) {
+		pinned[i] = folio_lookup(m, i);
+		CHECK(pinned[i] && folio_try_get(pinned[i]));
+	}
+	CHECK_EQ(read_at(m, NULL, &c.budget.root, 7 * FOLIO + 5, 5000, &s), 0);
+	CHECK_EQ(s.len, 5000);
+	CHECK(bytes_ok(&s, 7 * FOLIO + 5));
+	CHECK_EQ(stat_read(&c.budget.root, STAT_BOUNCE_READS), 1);
+	CHECK(!mapping_cached(m, 7));
+	CHECK(counter_read(&c.budget.root.mem) <= 4 * 32);
+	for (int i = 0; i < 4; i++)
+		folio_put(pinned[i]);
+	/* unpinned, the next read is cached again */
+	CHECK_EQ(read_at(m, NULL, &c.budget.root, 7 * FOLIO, 10, &s), 0);
+	CHECK(mapping_cached(m, 7));
+	mapping_put(m);
+	cache_thread_unregister(); /* destroy waits for a grace period */
+	cache_destroy(&c);
+	free(s.buf);
+}
+
+/* A folio read again is promoted and survives a stream of others. */
+static void test_lru_promotion(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct sink s = {.buf = malloc(1 << 20)};
+
+	cache_thread_register();
+	setup(&c, 8 * 32, false);
+	m = fake_mapping(&c, 100 * FOLIO);
+	CHECK_EQ(read_at(m, NULL, &c.budget.root, 0, 10, &s), 0);
+	CHECK_EQ(read_at(m, NULL, &c.budget.root, 0, 10, &s), 0);
+	CHECK(folio_test(folio_lookup(m, 0), FOLIO_ACTIVE));
+	for (uint64_t i = 10; i < 100; i++)
+		CHECK_EQ(read_at(m, NULL, &c.budget.root, i * FOLIO, 10, &s),
+			 0);
+	CHECK(mapping_cached(m, 0));
+	CHECK(!mapping_cached(m, 10));
+	CHECK(stat_read(&c.budget.root, STAT_PGSTEAL) >= 80 * 32);
+	mapping_put(m);
+	cache_thread_unregister(); /* destroy waits for a grace period */
+	cache_destroy(&c);
+	free(s.buf);
+}
+
+/* Read four times (inactive, referenced, active, active+referenced), a
+ * folio turns hot on the next read; then it is read without a reference
+ * and, once evicted, its data waits for a grace period. */
+static void test_hot_lockless(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct sink s = {.buf = malloc(1 << 20)};
+	struct folio *f;
+
+	cache_thread_register();
+	setup(&c, 64 * 32, true);
+	m = fake_mapping(&c, 4 * FOLIO);
+	for (int i = 0; i < 4; i++) /* no ra state: every read counts */
+		CHECK_EQ(read_at(m, NULL, &c.budget.root, 100, 16, &s), 0);
+	f = folio_lookup(m, 0);
+	CHECK(f && folio_test(f, FOLIO_HOT));
+	CHECK_EQ(stat_read(&c.budget.root, STAT_HOT_FOLIOS), 1);
+	CHECK_EQ(read_at(m, NULL, &c.budget.root, 100, 16, &s), 0);
+	CHECK(bytes_ok(&s, 100));
+	CHECK(stat_read(&c.budget.root, STAT_LOCKLESS_READS) >= 1);
+	CHECK_EQ(atomic_load(&f->refcount), 1); /* no reference held */
+	/* evict everything: the hot folio's data is deferred, still charged */
+	cache_thread_offline();
+	CHECK_EQ(reclaim_proactive(&c.budget.root, 32), 0);
+	cache_thread_online();
+	CHECK(!mapping_cached(m, 0));
+	CHECK_EQ(stat_read(&c.budget.root, STAT_DEFERRED_FREE) +
+			 stat_read(&c.budget.root, STAT_DEFERRED_FREES) * 32,
+		 32);
+	cache_thread_offline();
+	cache_expedite(&c);
+	usleep(100000); /* the reaper may have taken it: let it finish */
+	cache_thread_online();
+	CHECK_EQ(stat_read(&c.budget.root, STAT_DEFERRED_FREE), 0);
+	CHECK_EQ(stat_read(&c.budget.root, STAT_DEFERRED_FREES), 1);
+	mapping_put(m);
+	drain_all_stock(&c.budget);
+	CHECK_EQ(counter_read(&c.budget.root.mem), 0);
+	cache_thread_unregister(); /* destroy waits for a grace period */
+	cache_destroy(&c);
+	free(s.buf);
+}
+
+int main(void)
+{
+	RUN(test_sequential);
+	RUN(test_storm);
+	RUN(test_bounce);
+	RUN(test_lru_promotion);
+	RUN(test_hot_lockless);
+	return check_done();
+}

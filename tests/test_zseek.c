@@ -1,0 +1,419 @@
+// SPDX-License-Identifier: MIT
+/*
+ * zseek: the seekable format round trip, foreign multi-frame files, and
+ * every kind of bad input giving a clear error, never a crash, a hang or
+ * an unbounded allocation.
+ */
+#include <errno.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "../fs/fs.h"
+#include "check.h"
+
+struct membuf {
+	unsigned char *p;
+	size_t len, cap;
+};
+
+static ssize_t mem_read(void *ctx, void *buf, size_t len, uint64_t off)
+{
+	struct membuf *m = ctx;
+
+	if (off >= m->len)
+		return 0;
+	if (len > m->len - off)
+		len = m->len - (size_t)off;
+	memcpy(buf, m->p + off, len);
+	return (ssize_t)len;
+}
+
+static void mb_put(struct membuf *m, const void *d, size_t n)
+{
+	if (m->len + n > m->cap) {
+		m->cap = (m->len + n) * 2;
+		m->p = realloc(m->p, m->cap);
+	}
+	memcpy(m->p + m->len, d, n);
+	m->len += n;
+}
+
+/* text-like content that compresses, with a seed */
+static void make_content(unsigned char *p, size_t n, unsigned long long seed)
+{
+	static const char words[][8] = {"folio ", "cache ", "budget ", "zstd ",
+					"frame ", "page ", "reclaim ", "rcu\n"};
+
+	for (size_t i = 0; i < n;) {
+		const char *w = words[test_rand(&seed) % 8];
+
+		for (; *w && i < n; w++)
+			p[i++] = (unsigned char)*w;
+	}
+}
+
+/* What mkzfolio writes: frames of frame bytes, then the table. */
+static void write_seekable(struct membuf *out, const unsigned char *src,
+			   size_t len, size_t frame)
+{
+	ZSTD_CCtx *cctx = ZSTD_createCCtx();
+	uint32_t n = (uint32_t)((len + frame - 1) / frame);
+	struct zseek_writer_entry *e = calloc(n ? n : 1, sizeof(*e));
+	size_t cap = ZSTD_compressBound(frame);
+	unsigned char *dst = malloc(cap);
+	size_t tsize = zseek_table_size(n);
+	unsigned char *tab = malloc(tsize);
+
+	for (uint32_t i = 0; i < n; i++) {
+		size_t l = len - i * frame < frame ? len - i * frame : frame;
+		size_t c = zseek_compress_frame(cctx, 3, src + i * frame, l,
+						dst, cap, &e[i].checksum);
+
+		CHECK(!ZSTD_isError(c));
+		mb_put(out, dst, c);
+		e[i].c_size = (uint32_t)c;
+		e[i].d_size = (uint32_t)l;
+	}
+	CHECK_EQ(zseek_write_table(e, n, tab, tsize), tsize);
+	mb_put(out, tab, tsize);
+	free(tab);
+	free(dst);
+	free(e);
+	ZSTD_freeCCtx(cctx);
+}
+
+/* Read [off, off+len) of the content through the index, frame by frame. */
+static int read_content(struct membuf *m, const struct zseek_index *idx,
+			uint64_t off, size_t len, unsigned char *out)
+{
+	ZSTD_DCtx *d = ZSTD_createDCtx();
+	int err = 0;
+
+	while (len && !err) {
+		uint32_t f = zseek_find_frame(idx, off);
+		const struct zseek_frame *fr = &idx->frames[f];
+		unsigned char *buf = malloc(fr->d_size);
+		uint64_t skip = off - fr->d_off;
+		size_t n = fr->d_size - skip < len ? fr->d_size - skip : len;
+
+		err = zseek_decode_frame(d, fr, idx->has_checksum,
+					 m->p + fr->c_off, buf);
+		if (!err)
+			memcpy(out, buf + skip, n);
+		free(buf);
+		out += n;
+		off += n;
+		len -= n;
+	}
+	ZSTD_freeDCtx(d);
+	return err;
+}
+
+static void test_round_trip(void)
+{
+	static const size_t frames[] = {4096, 65536, 131072, 1 << 20};
+	static const size_t sizes[] = {0, 1, 4095, 4096, 4097, 131071, 131072,
+				       131073, 3 << 20};
+
+	for (size_t fi = 0; fi < 4; fi++)
+		for (size_t si = 0; si < 9; si++) {
+			size_t len = sizes[si];
+			unsigned char *src = malloc(len + 1);
+			unsigned char *got = malloc(len + 1);
+			struct membuf m = {0};
+			struct zseek_index idx;
+			char err[128];
+			unsigned long long seed = len + 1;
+
+			make_content(src, len, len * 31 + fi);
+			write_seekable(&m, src, len, frames[fi]);
+			CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true,
+						   &idx, err, sizeof(err)),
+				 0);
+			CHECK_EQ(idx.kind, ZSEEK_SEEKABLE);
+			CHECK_EQ(idx.content_size, len);
+			CHECK(idx.has_checksum);
+			if (len) {
+				CHECK_EQ(read_content(&m, &idx, 0, len, got),
+					 0);
+				CHECK(memcmp(got, src, len) == 0);
+			}
+			/* random ranges */
+			for (int r = 0; len && r < 20; r++) {
+				uint64_t off = test_rand(&seed) % len;
+				size_t n = 1 + test_rand(&seed) % (len - off);
+
+				CHECK_EQ(read_content(&m, &idx, off, n, got),
+					 0);
+				CHECK(memcmp(got, src + off, n) == 0);
+			}
+			zseek_index_free(&idx);
+			free(m.p);
+			free(src);
+			free(got);
+		}
+}
+
+/* Frames from ZSTD_compress, concatenated, no table: what zstd a; zstd b
+ * and cat give.  With a skippable frame in between, as pzstd writes. */
+static void test_foreign_multiframe(void)
+{
+	struct membuf m = {0};
+	unsigned char src[300000], got[300000];
+	size_t sizes[] = {100000, 50000, 150000};
+	size_t cap = ZSTD_compressBound(150000), off = 0;
+	unsigned char *dst = malloc(cap);
+	static const unsigned char skip[] = {0x50, 0x2a, 0x4d, 0x18, 4, 0, 0,
+					     0, 1, 2, 3, 4};
+	struct zseek_index idx;
+	char err[128];
+
+	make_content(src, sizeof(src), 7);
+	for (int i = 0; i < 3; i++) {
+		size_t c = ZSTD_compress(dst, cap, src + off, sizes[i], 3);
+
+		mb_put(&m, dst, c);
+		if (i == 0)
+			mb_put(&m, skip, sizeof(skip));
+		off += sizes[i];
+	}
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 0);
+	CHECK_EQ(idx.kind, ZSEEK_WALKED);
+	CHECK_EQ(idx.nframes, 3);
+	CHECK_EQ(idx.content_size, 300000);
+	CHECK_EQ(read_content(&m, &idx, 0, 300000, got), 0);
+	CHECK(memcmp(got, src, 300000) == 0);
+	CHECK_EQ(read_content(&m, &idx, 99990, 20, got), 0);
+	CHECK(memcmp(got, src + 99990, 20) == 0);
+	zseek_index_free(&idx);
+	free(m.p);
+	free(dst);
+}
+
+/* A frame written by streaming without a pledged size: no content size in
+ * its header.  Measured once by decoding, then served by streaming. */
+static void test_unsized_frame(void)
+{
+	struct membuf m = {0};
+	size_t len = 5 << 20;
+	unsigned char *src = malloc(len), *got = malloc(len);
+	ZSTD_CCtx *c = ZSTD_createCCtx();
+	size_t cap = ZSTD_compressBound(len);
+	unsigned char *dst = malloc(cap);
+	ZSTD_inBuffer in = {src, 4096, 0};
+	ZSTD_outBuffer out = {dst, cap, 0};
+	struct zseek_index idx;
+	struct zseek_stream s;
+	char err[128];
+
+	make_content(src, len, 11);
+	ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 3);
+	/* a first chunk without e_end: the size is never pledged */
+	ZSTD_compressStream2(c, &out, &in, ZSTD_e_continue);
+	in.size = len;
+	CHECK_EQ(ZSTD_compressStream2(c, &out, &in, ZSTD_e_end), 0);
+	mb_put(&m, dst, out.pos);
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 0);
+	CHECK_EQ(idx.nframes, 1);
+	CHECK_EQ(idx.nunsized, 1);
+	CHECK_EQ(idx.content_size, len);
+	CHECK_EQ(zseek_stream_init(&s), 0);
+	/* forward reads continue the stream; a backward read restarts */
+	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, 1000, got, 5000),
+		 0);
+	CHECK(memcmp(got, src + 1000, 5000) == 0);
+	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, 3 << 20, got,
+				   len - (3 << 20)),
+		 0);
+	CHECK(memcmp(got, src + (3 << 20), len - (3 << 20)) == 0);
+	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, 0, got, 100), 0);
+	CHECK(memcmp(got, src, 100) == 0);
+	zseek_stream_free(&s);
+	zseek_index_free(&idx);
+	ZSTD_freeCCtx(c);
+	free(m.p);
+	free(dst);
+	free(src);
+	free(got);
+}
+
+static void put_le32(unsigned char *p, uint32_t v)
+{
+	p[0] = (unsigned char)v;
+	p[1] = (unsigned char)(v >> 8);
+	p[2] = (unsigned char)(v >> 16);
+	p[3] = (unsigned char)(v >> 24);
+}
+
+static struct membuf sample(size_t len, size_t frame)
+{
+	struct membuf m = {0};
+	unsigned char *src = malloc(len);
+
+	make_content(src, len, 3);
+	write_seekable(&m, src, len, frame);
+	free(src);
+	return m;
+}
+
+/* Every prefix of a file: an error or a consistent index, never a crash. */
+static void test_truncated(void)
+{
+	struct membuf m = sample(50000, 4096);
+	size_t full = m.len;
+	int errors = 0;
+
+	for (size_t cut = 0; cut < full; cut++) {
+		struct zseek_index idx;
+		char err[128] = "";
+		int r;
+
+		m.len = cut;
+		r = zseek_index_build(mem_read, &m, cut, true, &idx, err,
+				      sizeof(err));
+		if (r) {
+			errors++;
+			CHECK(err[0] != '\0');
+			continue;
+		}
+		/* what indexes must stay within the file */
+		for (uint32_t i = 0; i < idx.nframes; i++)
+			CHECK(idx.frames[i].c_off + idx.frames[i].c_size <=
+			      cut);
+		zseek_index_free(&idx);
+	}
+	CHECK(errors > 0);
+	m.len = full;
+	free(m.p);
+}
+
+static void test_lying_table(void)
+{
+	struct membuf m = sample(50000, 4096);
+	unsigned char *foot = m.p + m.len - ZSEEK_FOOTER_SIZE;
+	struct zseek_index idx;
+	char err[128];
+	uint32_t n;
+
+	/* a count far beyond the file: refused before any allocation */
+	n = (uint32_t)foot[0] | (uint32_t)foot[1] << 8;
+	put_le32(foot, 0x7fffffff);
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 -EBADMSG);
+	CHECK(strstr(err, "frames") != NULL);
+	put_le32(foot, 0xffffffff);
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 -EBADMSG);
+	/* one more frame than there is: header size no longer matches */
+	put_le32(foot, n + 1);
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 -EBADMSG);
+	put_le32(foot, n);
+	/* reserved descriptor bits */
+	foot[4] |= 0x04;
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 -EBADMSG);
+	foot[4] &= (unsigned char)~0x04;
+	/* an entry whose compressed size lies */
+	{
+		unsigned char *e = m.p + m.len - zseek_table_size(n) + 8;
+		uint32_t cs = (uint32_t)e[0] | (uint32_t)e[1] << 8;
+
+		put_le32(e, cs + 1);
+		CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx,
+					   err, sizeof(err)),
+			 -EBADMSG);
+		put_le32(e, 0xffffff00);
+		CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx,
+					   err, sizeof(err)),
+			 -EBADMSG);
+		put_le32(e, cs);
+		/* a content size over the limit */
+		put_le32(e + 4, ZSEEK_MAX_FRAME_CONTENT + 1);
+		CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx,
+					   err, sizeof(err)),
+			 -EBADMSG);
+	}
+	free(m.p);
+}
+
+/* A corrupted frame or a checksum mismatch: that frame fails, others read */
+static void test_corrupt_frame(void)
+{
+	struct membuf m = sample(50000, 4096);
+	struct zseek_index idx;
+	char err[128];
+	unsigned char got[50000];
+	ZSTD_DCtx *d = ZSTD_createDCtx();
+
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 0);
+	/* flip a byte in the middle of frame 3's compressed data */
+	m.p[idx.frames[3].c_off + idx.frames[3].c_size / 2] ^= 0x55;
+	for (uint32_t i = 0; i < idx.nframes; i++) {
+		const struct zseek_frame *fr = &idx.frames[i];
+		int r = zseek_decode_frame(d, fr, true, m.p + fr->c_off, got);
+
+		if (i == 3)
+			CHECK_EQ(r, -EBADMSG);
+		else
+			CHECK_EQ(r, 0);
+	}
+	m.p[idx.frames[3].c_off + idx.frames[3].c_size / 2] ^= 0x55;
+	/* a checksum mismatch on frame 5 only */
+	idx.frames[5].checksum ^= 1;
+	for (uint32_t i = 0; i < idx.nframes; i++) {
+		const struct zseek_frame *fr = &idx.frames[i];
+		int r = zseek_decode_frame(d, fr, true, m.p + fr->c_off, got);
+
+		CHECK_EQ(r, i == 5 ? -EBADMSG : 0);
+	}
+	zseek_index_free(&idx);
+	ZSTD_freeDCtx(d);
+	free(m.p);
+}
+
+static void test_not_zstd(void)
+{
+	struct membuf m = {0};
+	struct zseek_index idx;
+	char err[128];
+
+	mb_put(&m, "plain text, not zstd at all\n", 28);
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 -EBADMSG);
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, false, &idx, err,
+				   sizeof(err)),
+		 0);
+	CHECK_EQ(idx.kind, ZSEEK_RAW);
+	CHECK_EQ(idx.content_size, 28);
+	/* a zstd magic followed by garbage */
+	m.len = 0;
+	mb_put(&m, "\x28\xb5\x2f\xfd garbage garbage garbage", 28);
+	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 -EBADMSG);
+	free(m.p);
+}
+
+int main(void)
+{
+	RUN(test_round_trip);
+	RUN(test_foreign_multiframe);
+	RUN(test_unsized_frame);
+	RUN(test_truncated);
+	RUN(test_lying_table);
+	RUN(test_corrupt_frame);
+	RUN(test_not_zstd);
+	return check_done();
+}
