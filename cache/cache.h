@@ -190,7 +190,12 @@ struct read_req {
 	int nheld;
 	void *bounce[READ_REQ_MAX_FOLIOS];
 	int nbounce;
+	/* hot folios in the reply without a reference: valid only while
+	 * this worker stays RCU-online */
+	struct folio *lockless[READ_REQ_MAX_FOLIOS];
+	int nlockless;
 	bool lockless_used;
+	bool no_lockless; /* restarted: take references only */
 	bool waited_io; /* pgmajfault */
 	/* deferred work of readahead windows, for cache_ra_ops->finish */
 	void *pending;
@@ -245,7 +250,7 @@ bool folio_try_get(struct folio *f);
 void folio_put(struct folio *f);
 int folio_insert(struct mapping *m, struct folio *f);
 void folio_unlock(struct folio *f);
-void folio_wait_locked(struct folio *f, bool may_sleep_offline);
+void folio_wait_locked(struct folio *f);
 void folio_fill_done(struct folio *f, int err);
 bool folio_mark_accessed(struct folio *f);
 
@@ -282,5 +287,6 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 int cache_fill_batch(struct fill_batch *b, unsigned int i);
 int cache_bounce_folio(struct read_req *rq, unsigned long index,
 		       struct folio **out);
+bool read_pin_lockless(void);
 
 #endif

@@ -139,25 +139,23 @@ void folio_unlock(struct folio *f)
 }
 
 /*
- * Sleep until f is unlocked.  The caller holds a reference.  A worker that
- * holds no lockless pointers goes RCU-offline while it sleeps, so grace
- * periods do not wait for someone else's I/O.
+ * Sleep until f is unlocked.  The caller holds a reference on f and no
+ * pointer that needs RCU: it sleeps RCU-offline, so that no grace period
+ * (which f's filler may be waiting for, to make room) waits for it.
  */
-void folio_wait_locked(struct folio *f, bool may_sleep_offline)
+void folio_wait_locked(struct folio *f)
 {
 	struct wait_bucket *wq;
 
 	if (!folio_test(f, FOLIO_LOCKED))
 		return;
 	wq = folio_waitqueue(f);
-	if (may_sleep_offline)
-		cache_thread_offline();
+	cache_thread_offline();
 	pthread_mutex_lock(&wq->lock);
 	while (folio_test(f, FOLIO_LOCKED))
 		pthread_cond_wait(&wq->cond, &wq->lock);
 	pthread_mutex_unlock(&wq->lock);
-	if (may_sleep_offline)
-		cache_thread_online();
+	cache_thread_online();
 }
 
 /* Remove f from its mapping after a failed fill; readers will retry. */

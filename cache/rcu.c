@@ -146,12 +146,19 @@ static unsigned long defer_free_list(struct cache *c, struct folio *list)
 	return pages;
 }
 
-/* Wait for a grace period now and free what waited for it. */
+/*
+ * Wait for a grace period now and free what waited for it.  A worker in
+ * the middle of a request first pins the hot folios it is about to reply
+ * from; if it cannot, it does not wait (that grace period could free them).
+ */
 unsigned long cache_expedite(void *cache)
 {
 	struct cache *c = cache;
-	struct folio *list = defer_take(c);
+	struct folio *list;
 
+	if (!read_pin_lockless())
+		return 0;
+	list = defer_take(c);
 	if (!list)
 		return 0;
 	synchronize();

@@ -38,7 +38,9 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 	rq->bytes = 0;
 	rq->nheld = 0;
 	rq->nbounce = 0;
+	rq->nlockless = 0;
 	rq->lockless_used = false;
+	rq->no_lockless = false;
 	rq->waited_io = false;
 	rq->pending = NULL;
 	rq->ra_reclaims = 0;
@@ -139,17 +141,22 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 		}
 		if (!tried_ra)
 			stat_inc(rq->group, STAT_CACHE_HITS);
-		if (folio_test(f, FOLIO_READAHEAD) && c->ra_ops &&
-		    folio_test_clear(f, FOLIO_READAHEAD))
-			c->ra_ops->async_ra(rq, f, last);
-		if (c->lockless && folio_lockless_ok(f)) {
+		if (c->lockless && !rq->no_lockless && folio_lockless_ok(f)) {
 			*lockless = true;
 			*out = f;
+			rq->lockless[rq->nlockless++] = f;
 			stat_inc(rq->group, STAT_LOCKLESS_READS);
 			return 0;
 		}
 		if (!folio_try_get(f))
 			continue; /* reclaim is taking it out: look again */
+		/*
+		 * Pinned first: readahead may reclaim and wait for a grace
+		 * period, after which an unpinned f could be gone.
+		 */
+		if (folio_test(f, FOLIO_READAHEAD) && c->ra_ops &&
+		    folio_test_clear(f, FOLIO_READAHEAD))
+			c->ra_ops->async_ra(rq, f, last);
 		if (folio_test(f, FOLIO_LOCKED)) {
 			/*
 			 * Fill our own deferred folios before sleeping on
@@ -157,8 +164,17 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 			 */
 			if (rq->pending && c->ra_ops)
 				c->ra_ops->finish(rq);
+			/*
+			 * And sleep RCU-offline, never holding up a grace
+			 * period that the folio's filler may be waiting for:
+			 * so the lockless folios must be pinned first.
+			 */
+			if (!read_pin_lockless()) {
+				folio_put(f);
+				return -EAGAIN; /* start over, with references */
+			}
 			rq->waited_io = true;
-			folio_wait_locked(f, !rq->lockless_used);
+			folio_wait_locked(f);
 		}
 		if (!folio_test(f, FOLIO_UPTODATE)) {
 			folio_put(f);
@@ -188,6 +204,33 @@ static void read_mark_accessed(struct read_req *rq, struct folio *f,
 	folio_mark_accessed(f);
 }
 
+/* The request this worker is serving, for read_pin_lockless(). */
+static __thread struct read_req *current_rq;
+
+/*
+ * Before this worker waits for a grace period in the middle of a request
+ * (reclaim expediting deferred frees), turn its lockless folios into pinned
+ * ones.  False if one of them is already being evicted: then the worker
+ * must not wait for the grace period that would free it.
+ */
+bool read_pin_lockless(void)
+{
+	struct read_req *rq = current_rq;
+
+	if (!rq)
+		return true;
+	while (rq->nlockless) {
+		struct folio *f = rq->lockless[rq->nlockless - 1];
+
+		if (rq->nheld == READ_REQ_MAX_FOLIOS || !folio_try_get(f))
+			return false;
+		rq->held[rq->nheld++] = f;
+		rq->nlockless--;
+	}
+	rq->lockless_used = false;
+	return true;
+}
+
 static void read_release(struct read_req *rq)
 {
 	for (int i = 0; i < rq->nheld; i++)
@@ -198,7 +241,8 @@ static void read_release(struct read_req *rq)
 		free(f->data);
 		free(f);
 	}
-	rq->nheld = rq->nbounce = 0;
+	rq->nheld = rq->nbounce = rq->nlockless = 0;
+	rq->lockless_used = false;
 }
 
 int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
@@ -214,8 +258,10 @@ int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
 	if (rq->pos >= end)
 		return reply(arg, NULL, 0);
 	stat_inc(rq->group, STAT_PGFAULT);
+	current_rq = rq;
 	first = mapping_index(m, rq->pos);
 	last = mapping_index(m, end - 1);
+restart:
 	for (unsigned long i = first; i <= last; i++) {
 		uint64_t fpos = mapping_folio_pos(m, i);
 		uint64_t from = i == first ? rq->pos - fpos : 0;
@@ -227,6 +273,14 @@ int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
 		    rq->nheld == READ_REQ_MAX_FOLIOS)
 			break; /* a short read: the caller asks for the rest */
 		err = read_get_folio(rq, i, last, &f, &lockless);
+		if (err == -EAGAIN) {
+			/* a lockless folio went away: again, with refs only */
+			read_release(rq);
+			rq->niov = 0;
+			rq->bytes = 0;
+			rq->no_lockless = true;
+			goto restart;
+		}
 		if (err)
 			break;
 		if (lockless)
@@ -250,6 +304,7 @@ int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
 				      (long long)(rq->pos + rq->bytes),
 				      memory_order_relaxed);
 	read_release(rq);
+	current_rq = NULL;
 	if (c->ra_ops)
 		c->ra_ops->finish(rq);
 	return rc;

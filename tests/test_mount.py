@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Mount tests: a real FUSE mount, every byte compared with the source.
+
+    test_mount.py basic | errors | fstab | foreign
+"""
+import errno
+import os
+import random
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zftest import *  # noqa: E402,F401,F403
+
+
+def compare_tree(src, mnt, files):
+    """stat (size, mode, mtime), readdir and readlink match the source."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        got = sorted(os.listdir(os.path.join(mnt, rel)))
+        want = sorted(dirnames + filenames)
+        check(got == want, "readdir %s: %s != %s" % (rel, got, want))
+        for name in dirnames + filenames:
+            s = os.lstat(os.path.join(src, rel, name))
+            m = os.lstat(os.path.join(mnt, rel, name))
+            what = os.path.join(rel, name)
+            check(stat.S_IFMT(s.st_mode) == stat.S_IFMT(m.st_mode), "type of " + what)
+            check(s.st_mode == m.st_mode, "mode of %s: %o != %o" % (what, m.st_mode, s.st_mode))
+            if stat.S_ISREG(s.st_mode):
+                check(s.st_size == m.st_size, "size of %s: %d != %d" % (what, m.st_size, s.st_size))
+            if not stat.S_ISLNK(s.st_mode):
+                check(s.st_mtime_ns == m.st_mtime_ns, "mtime of %s" % what)
+            if stat.S_ISLNK(s.st_mode):
+                check(os.readlink(os.path.join(src, rel, name)) ==
+                      os.readlink(os.path.join(mnt, rel, name)), "readlink " + what)
+    for rel, data in files.items():
+        with open(os.path.join(mnt, rel), "rb") as f:
+            check(f.read() == data, "content of " + rel)
+
+
+def read_storm(mnt, files, seconds, nthreads=4, budget=None, pid=None):
+    """Readers at random offsets and sizes; every byte checked.  Samples the
+    daemon's RSS meanwhile and returns its peak in KiB."""
+    names = [n for n, d in files.items() if len(d) > 0]
+    weights = [max(len(files[n]), 4096) for n in names]
+    stop = time.time() + seconds
+    errors = []
+    reads = [0]
+    peak = [0]
+
+    def reader(seed):
+        rnd = random.Random(seed)
+        fds = {}
+        try:
+            while time.time() < stop and not errors:
+                name = rnd.choices(names, weights)[0]
+                data = files[name]
+                if name not in fds:
+                    fds[name] = os.open(os.path.join(mnt, name), os.O_RDONLY)
+                off = rnd.randrange(len(data))
+                n = rnd.choice([1, 100, 4096, 65536, 200000, 1 << 20])
+                got = os.pread(fds[name], n, off)
+                if got != data[off:off + n]:
+                    errors.append("%s at %d+%d: %d bytes differ" % (name, off, n, len(got)))
+                reads[0] += 1
+        except OSError as e:
+            errors.append("%s: %s" % (name, e))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(nthreads)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        if pid:
+            peak[0] = max(peak[0], vmrss_kib(pid))
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    check(not errors, "read storm: " + "; ".join(errors[:5]))
+    check(reads[0] > 100, "read storm made only %d reads" % reads[0])
+    return peak[0], reads[0]
+
+
+def expect_errno(fn, code, what):
+    try:
+        fn()
+    except OSError as e:
+        check(e.errno == code, "%s: errno %d, expected %d" % (what, e.errno, code))
+        return
+    fail(what + ": succeeded, expected " + errno.errorcode[code])
+
+
+def test_basic():
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        files = make_tree(src)
+        pack(src, dst)
+        budget = 4 << 20
+        with Mount(dst, mnt, "budget=4M,threads=4") as m:
+            compare_tree(src, mnt, files)
+            peak, reads = read_storm(mnt, files, 8, 4, budget, m.pid)
+            print("storm: %d reads, daemon VmRSS peak %.1f MiB" % (reads, peak / 1024))
+            check(peak * 1024 <= budget + (32 << 20),
+                  "VmRSS %d KiB over budget + 32 MiB" % peak)
+            st = m.stat()
+            check(int(m.ctl("memory.peak")) <= budget, "memory.peak over budget")
+            check(int(m.ctl("memory.current")) <= budget, "memory.current over budget")
+            check(st["reclaim_passes"] > 0, "no reclaim under a small budget")
+            check(st["pgmajfault"] > 0 and st["cache_hits"] > 0, "counters")
+            # write-like operations: EROFS
+            expect_errno(lambda: os.open(mnt + "/a/notes.txt", os.O_WRONLY), errno.EROFS, "open for write")
+            expect_errno(lambda: os.open(mnt + "/newfile", os.O_CREAT | os.O_WRONLY, 0o644), errno.EROFS, "create")
+            expect_errno(lambda: os.unlink(mnt + "/a/notes.txt"), errno.EROFS, "unlink")
+            expect_errno(lambda: os.mkdir(mnt + "/newdir"), errno.EROFS, "mkdir")
+            expect_errno(lambda: os.rmdir(mnt + "/empty_dir"), errno.EROFS, "rmdir")
+            expect_errno(lambda: os.chmod(mnt + "/a/notes.txt", 0o600), errno.EROFS, "setattr")
+            expect_errno(lambda: os.truncate(mnt + "/a/notes.txt", 0), errno.EROFS, "truncate")
+            expect_errno(lambda: os.rename(mnt + "/a/notes.txt", mnt + "/x"), errno.EROFS, "rename")
+            expect_errno(lambda: os.symlink("x", mnt + "/sl"), errno.EROFS, "symlink")
+            # the control directory is hidden from readdir, reachable by path
+            check(".zfolio" not in os.listdir(mnt), "ctl dir listed")
+            check("memory.stat" in os.listdir(mnt + "/.zfolio"), "ctl files")
+            # symlinks are served as links; the daemon never follows them
+            check(os.readlink(mnt + "/outside") == "/etc", "link to /etc")
+            check(os.statvfs(mnt).f_bavail == 0, "statfs")
+
+
+def run_cli(args, **kw):
+    return subprocess.run([ZFOLIO, *args], capture_output=True, text=True, timeout=30, **kw)
+
+
+def one_line_error(r, what, needle):
+    check(r.returncode != 0, what + ": exit status 0")
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    check(len(lines) == 1, "%s: expected one line, got %r" % (what, r.stderr))
+    check(needle in lines[0], "%s: %r does not say %r" % (what, lines[0], needle))
+
+
+def test_errors():
+    require_root_fuse()
+    with tmpdir() as d:
+        os.makedirs(d + "/ds")
+        os.makedirs(d + "/mnt")
+        os.makedirs(d + "/full")
+        open(d + "/full/x", "w").close()
+        one_line_error(run_cli([d + "/missing", d + "/mnt"]), "missing dataset", "missing")
+        one_line_error(run_cli([d + "/ds", d + "/full"]), "non-empty mountpoint", "not an empty directory")
+        one_line_error(run_cli([d + "/ds", d + "/nope"]), "missing mountpoint", "nope")
+        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "budget=lots"]), "bad budget", "budget")
+        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "cache=fast"]), "bad cache", "cache")
+        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "threads=-1"]), "bad threads", "threads")
+        one_line_error(run_cli([d + "/ds"]), "no mountpoint", "MOUNTPOINT")
+        # no /dev/fuse: hide /dev in a private mount namespace
+        r = subprocess.run(["unshare", "-m", "sh", "-c",
+                            "mount -t tmpfs none /dev && exec \"$0\" \"$@\"",
+                            ZFOLIO, d + "/ds", d + "/mnt"],
+                           capture_output=True, text=True, timeout=30)
+        one_line_error(r, "no /dev/fuse", "/dev/fuse")
+        h = run_cli(["-h"])
+        check(h.returncode == 0, "-h exit status")
+        for opt in ("budget=", "threads=", "cache=", "ra_kb=", "ra_reclaim=", "lockless=",
+                    "group_by=", "ctl="):
+            check(opt in h.stdout, "-h does not list " + opt)
+        r = subprocess.run([MKZFOLIO, d + "/missing", d + "/out"], capture_output=True, text=True)
+        check(r.returncode != 0 and "missing" in r.stderr, "mkzfolio missing source")
+        r = subprocess.run([MKZFOLIO, d + "/ds", d + "/full"], capture_output=True, text=True)
+        check(r.returncode != 0 and "not empty" in r.stderr, "mkzfolio non-empty DST")
+
+
+def test_fstab():
+    """mount -t fuse.zfolio, as /etc/fstab does: needs zfolio installed
+    where mount(8) finds it (it runs helpers with a default PATH)."""
+    require_root_fuse()
+    found = subprocess.run(["env", "-i", "sh", "-c", "command -v zfolio"],
+                           capture_output=True, text=True).stdout.strip()
+    if not found:
+        print("skipped: zfolio is not installed (meson install)", file=sys.stderr)
+        sys.exit(SKIP)
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(mnt)
+        files = {"f.txt": text_bytes(500000, 1)}
+        os.makedirs(src)
+        with open(src + "/f.txt", "wb") as f:
+            f.write(files["f.txt"])
+        pack(src, dst)
+        r = subprocess.run(["mount", "-t", "fuse.zfolio", dst, mnt, "-o", "budget=64M"],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0, "mount -t fuse.zfolio: " + r.stderr)
+        try:
+            with open(mnt + "/f.txt", "rb") as f:
+                check(f.read() == files["f.txt"], "content through fstab-style mount")
+            with open(mnt + "/.zfolio/memory.max") as f:
+                check(int(f.read()) == 64 << 20, "budget=64M")
+            opts = [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == mnt][0]
+            check("nosuid" in opts and "nodev" in opts, "nosuid,nodev by default: " + opts)
+        finally:
+            subprocess.run(["umount", mnt], capture_output=True)
+        check(not is_mounted(mnt), "still mounted")
+
+
+def test_foreign():
+    """.zst files zfolio did not write: concatenated zstd outputs (no seek
+    table), a piped single frame without a content size, plain files, and
+    one .zst file mounted on its own."""
+    require_root_fuse()
+    with tmpdir() as d:
+        ds, mnt = d + "/ds", d + "/mnt"
+        os.makedirs(ds)
+        parts = [text_bytes(700000, 1), rand_bytes(300000, 2), text_bytes(5 << 20, 3)]
+        for i, p in enumerate(parts):
+            with open(d + "/p%d" % i, "wb") as f:
+                f.write(p)
+        with open(ds + "/multi.zst", "wb") as out:
+            for i in range(3):
+                out.write(subprocess.run(["zstd", "-q", "-c", d + "/p%d" % i],
+                                         capture_output=True, check=True).stdout)
+        whole = b"".join(parts)
+        # a pipe: zstd cannot know the size, so the frame does not say it
+        with open(ds + "/piped.zst", "wb") as out:
+            out.write(subprocess.run(["zstd", "-q", "-c"], input=parts[2],
+                                     capture_output=True, check=True).stdout)
+        with open(ds + "/plain.txt", "wb") as f:
+            f.write(parts[0])
+        with Mount(ds, mnt, "budget=2M") as m:
+            check(sorted(os.listdir(mnt)) == ["multi", "piped", "plain.txt"], "names")
+            for name, data in (("multi", whole), ("piped", parts[2]), ("plain.txt", parts[0])):
+                check(os.stat(mnt + "/" + name).st_size == len(data), "size of " + name)
+                read_storm(mnt, {name: data}, 2, 2)
+                with open(mnt + "/" + name, "rb") as f:
+                    check(f.read() == data, "content of " + name)
+            check(m.stat()["single_frame_warnings"] >= 1, "the unsized frame is counted")
+        with Mount(ds + "/multi.zst", mnt, "budget=8M"):
+            check(os.listdir(mnt) == ["multi"], "single file mount: " + str(os.listdir(mnt)))
+            with open(mnt + "/multi", "rb") as f:
+                check(f.read() == whole, "single file mount content")
+
+
+if __name__ == "__main__":
+    tests = {n[5:]: f for n, f in globals().items() if n.startswith("test_")}
+    if len(sys.argv) != 2 or sys.argv[1] not in tests:
+        print("usage: test_mount.py " + "|".join(tests), file=sys.stderr)
+        sys.exit(2)
+    tests[sys.argv[1]]()
+    print("ok")
