@@ -23,7 +23,6 @@ static const struct budget_ops cache_budget_ops = {
 int cache_init(struct cache *c, const struct cache_config *cfg)
 {
 	c->ra_ops = NULL;
-	c->evicted_hook = NULL;
 	c->lockless = cfg->lockless;
 	c->defer_head = NULL;
 	c->reaper_running = c->reaper_stop = false;
@@ -85,15 +84,22 @@ void mapping_get(struct mapping *m)
 	atomic_fetch_add_explicit(&m->refcount, 1, memory_order_relaxed);
 }
 
-/* Drop every folio of m whose slot still holds it. */
+/*
+ * Drop every folio of m whose slot still holds it.  With now (the mapping
+ * is going away), a folio nobody else holds is freed at once, data and
+ * struct: no reader can reach it.  One a reader still holds (it replied
+ * and is putting its references) goes with that reader's last put.
+ */
 static void mapping_drop_folios(struct mapping *m, bool now)
 {
 	for (unsigned long i = 0; i < m->nr_folios; i++) {
 		struct folio *f = atomic_load(&m->slots[i]);
+		int one = 1;
 
 		if (!f || !lru_remove(f))
 			continue;
-		if (now)
+		if (now && atomic_compare_exchange_strong(&f->refcount, &one,
+							  0))
 			folio_free_now(f);
 		else
 			folio_put(f); /* the slot's reference */

@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
 #include <urcu/list.h>
@@ -220,9 +221,13 @@ struct cache {
 	atomic_long deferred_pages;
 	pthread_t reaper;
 	bool reaper_running, reaper_stop;
-	/* readahead/'s view of evictions (read-around sizing), or NULL */
-	void (*evicted_hook)(struct folio *f);
 };
+
+static inline struct cache *cache_of_group(struct group *g)
+{
+	return (struct cache *)((char *)g->budget -
+				offsetof(struct cache, budget));
+}
 
 /* cache.c: lifetime of the cache and of mappings */
 int cache_init(struct cache *c, const struct cache_config *cfg);

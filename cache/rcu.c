@@ -229,14 +229,13 @@ void cache_reaper_stop(struct cache *c)
  */
 void folio_release_evicted(struct folio *f)
 {
-	struct cache *c = f->mapping->cache;
+	/* not f->mapping: a reader's last put may come after it is gone */
+	struct cache *c = cache_of_group(f->group);
 	unsigned int fl = atomic_load(&f->flags);
 
 	stat_mod(f->group, STAT_FILE, -(long)f->nr_pages);
 	if ((fl & (1u << FOLIO_SPECULATIVE)) && !(fl & (1u << FOLIO_ACCESSED)))
 		stat_mod(f->group, STAT_RA_UNUSED_EVICTED, f->nr_pages);
-	if (c->evicted_hook)
-		c->evicted_hook(f);
 	if (fl & (1u << FOLIO_HOT)) {
 		atomic_fetch_add(&c->deferred_pages, f->nr_pages);
 		stat_mod(f->group, STAT_DEFERRED_FREE, f->nr_pages);

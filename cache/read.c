@@ -294,15 +294,19 @@ restart:
 	}
 	if (rq->waited_io)
 		stat_inc(rq->group, STAT_PGMAJFAULT);
-	/* an error after some data: reply with what we have (a short read) */
-	if (err && rq->bytes == 0)
-		rc = reply(arg, NULL, err);
-	else
-		rc = reply(arg, rq->iov, rq->niov);
 	if (rq->ra)
 		atomic_store_explicit(&rq->ra->prev_pos,
 				      (long long)(rq->pos + rq->bytes),
 				      memory_order_relaxed);
+	/*
+	 * After the reply the reader may close the file at once: from here
+	 * on, nothing of the open file may be touched, and the mapping only
+	 * through references (folios, pending windows).
+	 */
+	if (err && rq->bytes == 0)
+		rc = reply(arg, NULL, err);
+	else
+		rc = reply(arg, rq->iov, rq->niov); /* an error after data: short */
 	read_release(rq);
 	current_rq = NULL;
 	if (c->ra_ops)

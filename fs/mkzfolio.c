@@ -302,9 +302,8 @@ static void pack_file(struct packer *pk, int sdir, const char *name,
 			run_batch(pk);
 	}
 	close(fd);
-	of->all_queued = true;
-	if (of->written == of->nframes && of->queued == of->nframes &&
-	    of->nframes == 0)
+	/* with frames, run_batch finishes it (and may have freed it) */
+	if (!st->st_size)
 		finish_file(pk, of);
 }
 
@@ -338,7 +337,8 @@ static char **list_dir(int fd, size_t *n, const char *path)
 		v[(*n)++] = strdup(e->d_name);
 	}
 	closedir(d);
-	qsort(v, *n, sizeof(*v), cmp_name);
+	if (*n)
+		qsort(v, *n, sizeof(*v), cmp_name);
 	return v;
 }
 

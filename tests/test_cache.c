@@ -114,11 +114,17 @@ static struct mapping *fake_mapping(struct cache *c, uint64_t size)
 			      NULL);
 }
 
+static __thread struct read_req *rq;
+
+static void read_at_done(void)
+{
+	free(rq);
+	rq = NULL;
+}
+
 static int read_at(struct mapping *m, struct file_ra_state *ra,
 		   struct group *g, uint64_t pos, size_t len, struct sink *s)
 {
-	static __thread struct read_req *rq;
-
 	if (!rq)
 		rq = malloc(sizeof(*rq));
 	read_req_init(rq, m, ra, g, NULL, pos, len);
@@ -196,6 +202,7 @@ static void *storm_reader(void *arg)
 	file_ra_destroy(&ra);
 	cache_thread_unregister();
 	free(s.buf);
+	read_at_done();
 	return NULL;
 }
 
@@ -344,5 +351,6 @@ int main(void)
 	RUN(test_bounce);
 	RUN(test_lru_promotion);
 	RUN(test_hot_lockless);
+	read_at_done();
 	return check_done();
 }

@@ -107,8 +107,10 @@ def test_basic():
             compare_tree(src, mnt, files)
             peak, reads = read_storm(mnt, files, 8, 4, budget, m.pid)
             print("storm: %d reads, daemon VmRSS peak %.1f MiB" % (reads, peak / 1024))
-            check(peak * 1024 <= budget + (32 << 20),
-                  "VmRSS %d KiB over budget + 32 MiB" % peak)
+            if os.environ.get("ZF_SANITIZE", "none") == "none":
+                # sanitizers keep freed memory in quarantine: not comparable
+                check(peak * 1024 <= budget + (32 << 20),
+                      "VmRSS %d KiB over budget + 32 MiB" % peak)
             st = m.stat()
             check(int(m.ctl("memory.peak")) <= budget, "memory.peak over budget")
             check(int(m.ctl("memory.current")) <= budget, "memory.current over budget")

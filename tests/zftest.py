@@ -22,6 +22,8 @@ MKZFOLIO = os.environ.get("ZF_MKZFOLIO", os.path.join(BUILD, "fs", "mkzfolio"))
 ZFOLIOCTL = os.environ.get("ZF_ZFOLIOCTL", os.path.join(BUILD, "fs", "zfolioctl"))
 
 SKIP = 77  # meson's "skipped"
+SANITIZER_REPORTS = ("AddressSanitizer", "LeakSanitizer", "ThreadSanitizer",
+                     "runtime error:")
 
 
 def fail(msg):
@@ -149,13 +151,22 @@ class Mount:
             return False
         if is_mounted(self.mnt):
             subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
+        killed = False
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            killed = True
             self.proc.kill()
             self.proc.wait()
             subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
+        code = self.proc.returncode
         self.proc = None
+        if exc[0] is None:
+            out = self.output()
+            for needle in SANITIZER_REPORTS:
+                check(needle not in out, "the daemon reported: " + out[-4000:])
+            check(not killed, "the daemon did not exit after unmount")
+            check(code == 0, "the daemon exited with %d: %s" % (code, out[-2000:]))
         return False
 
 
