@@ -493,7 +493,7 @@ static int cmp_str(const void *a, const void *b)
 
 static bool name_in(char **sorted, size_t n, const char *name)
 {
-	return bsearch(&name, sorted, n, sizeof(char *), cmp_str) != NULL;
+	return n && bsearch(&name, sorted, n, sizeof(char *), cmp_str);
 }
 
 static mode_t dtype_mode(unsigned char t)
@@ -574,7 +574,8 @@ int dataset_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
 		n++;
 	}
 	closedir(dp);
-	qsort(names, n, sizeof(*names), cmp_str);
+	if (n)
+		qsort(names, n, sizeof(*names), cmp_str);
 	/* decide every rename against the original names, then apply */
 	char **renamed = calloc(n ? n : 1, sizeof(*renamed));
 

@@ -161,8 +161,10 @@ class Mount:
             subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
         code = self.proc.returncode
         self.proc = None
-        if exc[0] is None:
-            out = self.output()
+        out = self.output()
+        if exc[0] is not None:
+            print("daemon output:\n" + out[-4000:], file=sys.stderr)
+        else:
             for needle in SANITIZER_REPORTS:
                 check(needle not in out, "the daemon reported: " + out[-4000:])
             check(not killed, "the daemon did not exit after unmount")
