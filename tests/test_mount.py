@@ -245,6 +245,178 @@ def test_foreign():
                 check(f.read() == whole, "single file mount content")
 
 
+def storm_thread(mnt, files, stop, errors, seed):
+    """A reader that runs until stop is set, checking every byte."""
+    def run():
+        rnd = random.Random(seed)
+        names = [n for n, d in files.items() if len(d) > 100000]
+        fds = {n: os.open(os.path.join(mnt, n), os.O_RDONLY) for n in names}
+        try:
+            while not stop.is_set():
+                name = rnd.choice(names)
+                data = files[name]
+                off = rnd.randrange(len(data))
+                n = rnd.choice([4096, 65536, 300000])
+                if os.pread(fds[name], n, off) != data[off:off + n]:
+                    errors.append("%s at %d" % (name, off))
+        except OSError as e:
+            errors.append(str(e))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_budget():
+    """memory.max lowered under load, memory.reclaim, memory.high, bad
+    writes, zfolioctl."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        files = make_tree(src)
+        pack(src, dst)
+        with Mount(dst, mnt, "budget=16M,threads=4") as m:
+            stop, errors = threading.Event(), []
+            readers = [storm_thread(mnt, files, stop, errors, i) for i in range(3)]
+            try:
+                time.sleep(1.5)
+                check(int(m.ctl("memory.current")) > 8 << 20, "cache did not fill")
+                # lower the limit while the readers run: usage follows at once
+                t = time.time()
+                m.set("memory.max", "4M")
+                while int(m.ctl("memory.current")) > 4 << 20:
+                    check(time.time() - t < 1.0, "memory.current still over 4M after 1 s")
+                    time.sleep(0.01)
+                print("memory.max 16M -> 4M took %.3f s" % (time.time() - t))
+                for _ in range(50):  # and it stays under, sampled
+                    cur, mx = int(m.ctl("memory.current")), int(m.ctl("memory.max"))
+                    check(cur <= mx, "memory.current %d over memory.max %d" % (cur, mx))
+                    time.sleep(0.01)
+                m.set("memory.max", "max")
+                check(m.ctl("memory.max").strip() == "max", "memory.max reads max")
+                m.set("memory.max", "16M")
+                # memory.high: charges pass it, the reclaimer brings usage back
+                time.sleep(0.5)
+                m.set("memory.high", "6M")
+                t = time.time()
+                while int(m.ctl("memory.current")) > (6 << 20) + (2 << 20):
+                    check(time.time() - t < 2.0, "usage still far above memory.high")
+                    time.sleep(0.02)
+                time.sleep(0.3)
+                ev = dict(l.split() for l in m.ctl("memory.events").splitlines())
+                check(int(ev["high"]) > 0, "high events: " + str(ev))
+                check(m.stat()["high_reclaim_passes"] > 0, "background reclaim ran")
+                m.set("memory.high", "max")
+            finally:
+                stop.set()
+                for r in readers:
+                    r.join()
+            check(not errors, "reads failed: " + "; ".join(errors[:3]))
+            # memory.reclaim frees what it says
+            before = int(m.ctl("memory.current"))
+            check(before >= 6 << 20, "not enough cached to reclaim from")
+            m.set("memory.reclaim", "4M")
+            after = int(m.ctl("memory.current"))
+            check(before - after >= 4 << 20, "memory.reclaim 4M freed only %d" % (before - after))
+            # bad writes: EINVAL, nothing changed
+            for name, bad in (("memory.max", "lots"), ("memory.max", "-5"),
+                              ("memory.high", "12Q"), ("memory.reclaim", "max"),
+                              ("memory.peak", "now")):
+                expect_errno(lambda: m.set(name, bad), errno.EINVAL, "%s <- %s" % (name, bad))
+            check(int(m.ctl("memory.max")) == 16 << 20, "bad write changed memory.max")
+            expect_errno(lambda: m.set("memory.current", "1"), errno.EACCES, "write memory.current")
+            # zfolioctl, the friendly front
+            r = subprocess.run([ZFOLIOCTL, "stat", mnt], capture_output=True, text=True)
+            check(r.returncode == 0 and "reclaim_passes" in r.stdout and "MiB" in r.stdout,
+                  "zfolioctl stat: " + r.stdout + r.stderr)
+            r = subprocess.run([ZFOLIOCTL, "stat", mnt, "--json"], capture_output=True, text=True)
+            import json
+            j = json.loads(r.stdout)
+            check(j["max"] == 16 << 20 and "pgmajfault" in j, "zfolioctl --json")
+            r = subprocess.run([ZFOLIOCTL, "set", mnt, "max", "8M"], capture_output=True, text=True)
+            check(r.returncode == 0 and int(m.ctl("memory.max")) == 8 << 20, "zfolioctl set")
+            r = subprocess.run([ZFOLIOCTL, "reclaim", mnt, "1M"], capture_output=True, text=True)
+            check(r.returncode == 0, "zfolioctl reclaim: " + r.stderr)
+            r = subprocess.run([ZFOLIOCTL, "set", mnt, "max", "banana"], capture_output=True, text=True)
+            check(r.returncode != 0 and "Invalid argument" in r.stderr, "zfolioctl bad value")
+            # only the owner and root may write: try as another uid
+            r = subprocess.run(["python3", "-c",
+                                "open(%r, 'w').write('1M')" % (mnt + "/.zfolio/memory.max")],
+                               user=65534, capture_output=True, text=True)
+            check(r.returncode != 0 and "Permission denied" in r.stderr,
+                  "another uid wrote memory.max: " + r.stderr)
+
+
+READER = """
+import os, random, sys, time
+mnt, names, seconds, seed = sys.argv[1], sys.argv[2].split(","), float(sys.argv[3]), int(sys.argv[4])
+rnd = random.Random(seed)
+fds = [os.open(os.path.join(mnt, n), os.O_RDONLY) for n in names]
+sizes = [os.fstat(fd).st_size for fd in fds]
+out = 0
+t = time.time()
+while time.time() - t < seconds:
+    i = rnd.randrange(len(fds))
+    off = rnd.randrange(sizes[i])
+    b = os.pread(fds[i], 65536, off)
+    out = (out * 31 + sum(b[::4096]) + off) % (1 << 61)
+print("ok")
+"""
+
+
+def test_groups():
+    """group_by=uid: readers as two uids each stay under group_max while
+    the root budget holds both; every byte still correct."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        files = make_tree(src)
+        pack(src, dst)
+        os.chmod(d, 0o755)
+        opts = "budget=10M,group_by=uid,group_max=3M,allow_other,threads=4"
+        names = "big/text.log,big/random.bin,big/mixed.dat"
+        with Mount(dst, mnt, opts) as m:
+            procs = [subprocess.Popen(["python3", "-c", READER, mnt, names, "4", str(uid)],
+                                      user=uid, group=uid, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+                     for uid in (1001, 1002)]
+            stop, errors = threading.Event(), []
+            root_reader = storm_thread(mnt, files, stop, errors, 9)
+            seen = set()
+            maxes = {}
+            while any(p.poll() is None for p in procs):
+                for g in ("uid_1001", "uid_1002", "uid_0"):
+                    if os.path.isdir(mnt + "/.zfolio/" + g):
+                        seen.add(g)
+                        cur = int(m.ctl("memory.current", g))
+                        maxes[g] = max(maxes.get(g, 0), cur)
+                        check(cur <= 3 << 20, "%s at %d, over group_max" % (g, cur))
+                root = int(m.ctl("memory.current"))
+                check(root <= 10 << 20, "root over budget: %d" % root)
+                time.sleep(0.02)
+            stop.set()
+            root_reader.join()
+            for p in procs:
+                out, err = p.communicate()
+                check(p.returncode == 0 and "ok" in out, "reader failed: " + err[-500:])
+            check(not errors, "root reader: " + "; ".join(errors[:3]))
+            check({"uid_1001", "uid_1002", "uid_0"} <= seen, "groups made: " + str(seen))
+            print("group peaks (MiB): " + ", ".join("%s %.1f" % (g, v / 2**20)
+                                                   for g, v in sorted(maxes.items())))
+            check(all(v > 1 << 20 for v in maxes.values()), "a group never filled")
+            st = m.stat("uid_1001")
+            check(st["pgfault"] > 0, "per-group stats")
+            check(m.stat()["pgfault"] >= st["pgfault"], "hierarchical stats")
+            r = subprocess.run([ZFOLIOCTL, "groups", mnt], capture_output=True, text=True)
+            check("uid_1001" in r.stdout, "zfolioctl groups: " + r.stdout)
+            # bytes seen by another uid are the source's
+            r = subprocess.run(["cmp", mnt + "/big/mixed.dat", src + "/big/mixed.dat"],
+                               user=1001, capture_output=True, text=True)
+            check(r.returncode == 0, "cmp as uid 1001: " + r.stdout + r.stderr)
+
+
 if __name__ == "__main__":
     tests = {n[5:]: f for n, f in globals().items() if n.startswith("test_")}
     if len(sys.argv) != 2 or sys.argv[1] not in tests:
