@@ -365,6 +365,8 @@ int reclaim_proactive(struct group *g, unsigned long nr_pages)
 			return -EAGAIN;
 		reclaimed += got;
 	}
+	/* hot folios wait for a grace period: free them before returning */
+	expedite(g);
 	return 0;
 }
 

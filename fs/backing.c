@@ -8,10 +8,13 @@
  * ZSEEK_SUBFOLIO folios, streamed from the frame's start: slowly for random
  * access, at full speed for a sequential reader, whose stream continues.
  *
- * submit() reads the compressed bytes of a batch's frames, adjacent frames
- * in one read; fill() decodes one folio and verifies its checksum.  A frame
- * that fails to decode or verify is -EBADMSG, and EIO for the reader of
- * that range only.
+ * submit() reads the compressed bytes of a batch's frames: adjacent frames
+ * make one read, and all the reads of a window go out as one io_uring
+ * submission on the worker's ring.  fill() waits for the read that holds
+ * its frame (reaping whatever completions come first), decodes the folio
+ * and verifies its checksum.  A frame that fails to decode or verify is
+ * -EBADMSG, and EIO for the reader of that range only.  Without a ring
+ * (a thread that is not a worker), the reads are plain preads.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -21,6 +24,9 @@
 #include "internal.h"
 
 __thread struct worker *current_worker;
+
+/* Reads in flight per worker: windows of up to 32 frames, a few pending. */
+#define RING_DEPTH 256
 
 struct worker *worker_create(int id)
 {
@@ -34,6 +40,8 @@ struct worker *worker_create(int id)
 		free(w);
 		return NULL;
 	}
+	/* no ring (old kernel, seccomp): fall back to pread */
+	w->ring_ok = io_uring_queue_init(RING_DEPTH, &w->ring, 0) == 0;
 	return w;
 }
 
@@ -41,6 +49,8 @@ void worker_destroy(struct worker *w)
 {
 	if (!w)
 		return;
+	if (w->ring_ok)
+		io_uring_queue_exit(&w->ring);
 	ZSTD_freeDCtx(w->dctx);
 	free(w);
 }
@@ -112,11 +122,24 @@ static bool slot_split(const struct zfile *f, unsigned long i)
 	return f->slot_frame && frame_split(&f->idx.frames[f->slot_frame[i]]);
 }
 
+/* One read of adjacent frames; its completion comes back as user_data. */
+struct run {
+	uint64_t off;
+	uint64_t len;
+	uint8_t *dst;
+	int res;   /* bytes read, or -errno */
+	bool done;
+};
+
 /* The compressed bytes of a batch, read in as few reads as it takes. */
 struct batch_io {
 	uint8_t *buf;
-	size_t *off; /* per folio: where its frame starts in buf */
-	int *err;    /* per folio: the read's result */
+	size_t *off;       /* per folio: where its frame starts in buf */
+	unsigned int *run; /* per folio: its read */
+	int *err;          /* raw files: per folio, the read's result */
+	struct run *runs;
+	unsigned int nruns;
+	struct io_uring *ring; /* NULL: the reads were done by pread */
 };
 
 static ssize_t fd_read(struct zfile *f, void *buf, size_t len, uint64_t off)
@@ -143,6 +166,48 @@ static int submit_raw(struct fill_batch *b, struct zfile *f,
 	return 0;
 }
 
+static struct io_uring *ring_of(void *io_ctx)
+{
+	struct worker *w = io_ctx;
+
+	return w && w->ring_ok ? &w->ring : NULL;
+}
+
+/* Reap one completion from the ring: it finishes some batch's run. */
+static void reap_one(struct io_uring *ring)
+{
+	struct io_uring_cqe *cqe;
+	struct run *r;
+
+	while (io_uring_wait_cqe(ring, &cqe) == -EINTR)
+		;
+	r = io_uring_cqe_get_data(cqe);
+	r->res = cqe->res;
+	r->done = true;
+	io_uring_cqe_seen(ring, cqe);
+}
+
+/* Queue run r on the ring, or read it now if the ring is full. */
+static void queue_run(struct zfile *f, struct io_uring *ring, struct run *r)
+{
+	struct io_uring_sqe *sqe = ring ? io_uring_get_sqe(ring) : NULL;
+	ssize_t n;
+
+	if (!sqe && ring) {
+		io_uring_submit(ring);
+		sqe = io_uring_get_sqe(ring);
+	}
+	if (sqe) {
+		io_uring_prep_read(sqe, f->fd, r->dst, (unsigned int)r->len,
+				   r->off);
+		io_uring_sqe_set_data(sqe, r);
+		return;
+	}
+	n = fd_read(f, r->dst, r->len, r->off);
+	r->res = n < 0 ? (int)n : (int)n;
+	r->done = true;
+}
+
 static int zfile_submit(struct fill_batch *b)
 {
 	struct zfile *f = b->mapping->host;
@@ -152,9 +217,11 @@ static int zfile_submit(struct fill_batch *b)
 	if (!io)
 		return -ENOMEM;
 	io->off = calloc(b->nr, sizeof(*io->off));
+	io->run = calloc(b->nr, sizeof(*io->run));
 	io->err = calloc(b->nr, sizeof(*io->err));
+	io->runs = calloc(b->nr, sizeof(*io->runs));
 	b->fs_priv = io;
-	if (!io->off || !io->err)
+	if (!io->off || !io->run || !io->err || !io->runs)
 		return -ENOMEM;
 	if (f->idx.kind == ZSEEK_RAW)
 		return submit_raw(b, f, io);
@@ -167,38 +234,58 @@ static int zfile_submit(struct fill_batch *b)
 	io->buf = malloc(total);
 	if (!io->buf)
 		return -ENOMEM;
+	io->ring = ring_of(b->io_ctx);
 	/* runs of folios whose frames are adjacent in the file: one read */
 	for (unsigned int i = 0; i < b->nr;) {
 		const struct zseek_frame *fr;
-		uint64_t run_off, run_len;
+		struct run *r = &io->runs[io->nruns];
 		unsigned int j;
-		ssize_t n;
-		int err;
 
 		if (!b->folios[i] || slot_split(f, b->start + i)) {
 			i++;
 			continue;
 		}
 		fr = &f->idx.frames[slot_frame(f, b->start + i)];
-		run_off = fr->c_off;
-		run_len = 0;
+		r->off = fr->c_off;
+		r->dst = io->buf + pos;
 		for (j = i; j < b->nr && b->folios[j] &&
 			    !slot_split(f, b->start + j);
 		     j++) {
 			fr = &f->idx.frames[slot_frame(f, b->start + j)];
-			if (fr->c_off != run_off + run_len)
+			if (fr->c_off != r->off + r->len)
 				break;
-			io->off[j] = pos + run_len;
-			run_len += fr->c_size;
+			io->off[j] = pos + r->len;
+			io->run[j] = io->nruns;
+			r->len += fr->c_size;
 		}
-		n = fd_read(f, io->buf + pos, run_len, run_off);
-		err = n < 0 ? (int)n : (uint64_t)n == run_len ? 0 : -EIO;
-		if (n > 0)
-			stat_mod(b->folios[i]->group, STAT_BACKING_BYTES, n);
-		for (unsigned int k = i; k < j; k++)
-			io->err[k] = err;
-		pos += run_len;
+		pos += r->len;
+		queue_run(f, io->ring, r);
+		stat_mod(b->folios[i]->group, STAT_BACKING_BYTES,
+			 (long)r->len);
+		io->nruns++;
 		i = j;
+	}
+	if (io->ring)
+		io_uring_submit(io->ring);
+	return 0;
+}
+
+/* Wait until run r has completed; finish a short read by pread. */
+static int run_wait(struct zfile *f, struct batch_io *io, struct run *r)
+{
+	while (!r->done)
+		reap_one(io->ring);
+	if (r->res < 0)
+		return r->res;
+	if ((uint64_t)r->res < r->len) {
+		uint64_t got = (uint64_t)r->res;
+		ssize_t n = fd_read(f, r->dst + got, r->len - got, r->off + got);
+
+		if (n < 0)
+			return (int)n;
+		r->res = (int)(got + (uint64_t)n);
+		if ((uint64_t)r->res < r->len)
+			return -EIO; /* the file is shorter than its index */
 	}
 	return 0;
 }
@@ -236,12 +323,15 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	unsigned long slot = b->start + i;
 	ZSTD_DCtx *dctx;
 
+	int err;
+
 	if (f->idx.kind == ZSEEK_RAW)
 		return io->err[i];
 	if (slot_split(f, slot))
 		return read_split(f, slot, fo->data, fo->len);
-	if (io->err[i])
-		return io->err[i];
+	err = run_wait(f, io, &io->runs[io->run[i]]);
+	if (err)
+		return err;
 	dctx = dctx_of(b->io_ctx);
 	if (!dctx)
 		return -ENOMEM;
@@ -256,9 +346,15 @@ static void zfile_finish(struct fill_batch *b)
 
 	if (!io)
 		return;
+	/* no completion may arrive after its buffer is gone */
+	for (unsigned int k = 0; k < io->nruns; k++)
+		while (!io->runs[k].done)
+			reap_one(io->ring);
 	free(io->buf);
 	free(io->off);
+	free(io->run);
 	free(io->err);
+	free(io->runs);
 	free(io);
 	b->fs_priv = NULL;
 }

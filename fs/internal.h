@@ -11,6 +11,7 @@
 
 #define FUSE_USE_VERSION 34
 #include <fuse_lowlevel.h>
+#include <liburing.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 
@@ -114,6 +115,8 @@ struct dataset {
 struct worker {
 	int id;
 	ZSTD_DCtx *dctx;
+	struct io_uring ring; /* backing reads of this worker's windows */
+	bool ring_ok;
 	struct read_req rq;
 };
 extern __thread struct worker *current_worker;

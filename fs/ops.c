@@ -334,6 +334,8 @@ static int reply_iov(void *arg, const struct iovec *iov, int cnt)
 static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
 		     off_t off)
 {
+	char *copy;
+
 	if (!h->buf) {
 		fuse_reply_err(req, EBADF);
 		return;
@@ -344,7 +346,20 @@ static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
 	}
 	if (size > h->len - (size_t)off)
 		size = h->len - (size_t)off;
-	fuse_reply_buf(req, h->buf + off, size);
+	/*
+	 * Reply from a copy this request owns: once the kernel has the
+	 * reply, the reader may close and release the handle at once, while
+	 * writev has not returned yet (and sanitizers look at the buffer
+	 * after it has).
+	 */
+	copy = malloc(size);
+	if (!copy) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	memcpy(copy, h->buf + off, size);
+	fuse_reply_buf(req, copy, size);
+	free(copy);
 }
 
 static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,

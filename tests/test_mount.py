@@ -315,6 +315,8 @@ def test_budget():
                     r.join()
             check(not errors, "reads failed: " + "; ".join(errors[:3]))
             # memory.reclaim frees what it says
+            with open(mnt + "/big/text.log", "rb") as f:
+                check(f.read() == files["big/text.log"], "content after the limit changes")
             before = int(m.ctl("memory.current"))
             check(before >= 6 << 20, "not enough cached to reclaim from")
             m.set("memory.reclaim", "4M")
