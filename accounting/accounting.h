@@ -187,6 +187,8 @@ struct budget_config {
 	unsigned long group_max_pages;
 	unsigned long group_high_pages;
 	enum group_by group_by;
+	/* foreground reclaim frees some headroom, not just what is needed */
+	bool reclaim_headroom;
 };
 
 /*

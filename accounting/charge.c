@@ -226,6 +226,31 @@ static void expedite(struct group *g)
 	}
 }
 
+/*
+ * How much a foreground reclaim pass frees.  The kernel frees what the
+ * charge needs (at least SWAP_CLUSTER_MAX); at the limit that means one pass
+ * per readahead window, or per folio, for as long as the readers run.  With
+ * headroom on (ra_reclaim=batch), a pass also frees 1/2^RECLAIM_HEADROOM_SHIFT
+ * of the limit it hit (at most RECLAIM_HEADROOM_MAX pages), the way kswapd
+ * reclaims up to a watermark: the charges that follow fit without another
+ * pass, and reclaim passes become rare instead of per window.
+ */
+#define RECLAIM_HEADROOM_SHIFT 4
+#define RECLAIM_HEADROOM_MAX 2048 /* 8 MiB */
+
+static unsigned long reclaim_size(struct group *over, unsigned long nr)
+{
+	unsigned long room;
+
+	if (!over->budget->cfg.reclaim_headroom)
+		return nr;
+	room = (unsigned long)atomic_load(&over->mem.max) >>
+	       RECLAIM_HEADROOM_SHIFT;
+	if (room > RECLAIM_HEADROOM_MAX)
+		room = RECLAIM_HEADROOM_MAX;
+	return nr > room ? nr : room;
+}
+
 enum charge_mode { CHARGE_DEMAND, CHARGE_SPECULATIVE };
 
 static int try_charge(struct group *g, unsigned long nr, enum charge_mode mode)
@@ -260,7 +285,7 @@ retry:
 	}
 	if (passes < MAX_RECLAIM_RETRIES) {
 		passes++;
-		reclaim_pass(over, nr, false);
+		reclaim_pass(over, reclaim_size(over, nr), false);
 		if ((unsigned long)counter_margin(&over->mem) >= nr)
 			goto retry;
 		/* pages waiting for a grace period are as good as free */
@@ -319,11 +344,11 @@ bool reclaim_for_batch(struct group *g, unsigned long nr, bool for_ra)
 
 	if (!m)
 		return false;
-	reclaim_pass(m, nr, for_ra);
+	reclaim_pass(m, reclaim_size(m, nr), for_ra);
 	if ((unsigned long)counter_margin(&m->mem) < nr) {
 		drain_all_stock(g->budget);
 		if ((unsigned long)counter_margin(&m->mem) < nr)
-			reclaim_pass(m, nr, for_ra);
+			reclaim_pass(m, reclaim_size(m, nr), for_ra);
 	}
 	return true;
 }

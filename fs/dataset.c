@@ -687,6 +687,7 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 			? (unsigned long)COUNTER_MAX
 			: opt->group_high >> ZF_PAGE_SHIFT;
 	cc.budget.group_by = opt->group_by;
+	cc.budget.reclaim_headroom = opt->ra_reclaim == RA_RECLAIM_BATCH;
 	cc.lockless = opt->lockless;
 	r = cache_init(&ds->cache, &cc);
 	if (r) {

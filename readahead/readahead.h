@@ -53,6 +53,10 @@ bool ra_sync_plan(struct file_ra_state *ra, const struct mapping *m,
 bool ra_async_plan(struct file_ra_state *ra, const struct mapping *m,
 		   unsigned long folio, unsigned long req, struct ra_plan *p);
 
+/* For tests: called with every window read (marker ULONG_MAX: none). */
+extern void (*ra_trace_hook)(unsigned long first, unsigned long last,
+			     unsigned long marker);
+
 /* window.c */
 int ra_window(struct read_req *rq, const struct ra_plan *p,
 	      unsigned long demand_first, unsigned long demand_last);

@@ -32,6 +32,8 @@ struct ra_pending {
 };
 
 static enum ra_reclaim_mode reclaim_mode_default = RA_RECLAIM_BATCH;
+void (*ra_trace_hook)(unsigned long first, unsigned long last,
+		      unsigned long marker);
 
 enum ra_reclaim_mode ra_reclaim_mode(void)
 {
@@ -206,6 +208,9 @@ int ra_window(struct read_req *rq, const struct ra_plan *pl,
 	if (!m->nr_folios)
 		return 0;
 	end = pl->start + pl->size;
+	/* the marker page, before the window is cut at the end of the file */
+	if (pl->async_size)
+		marker = end - pl->async_size;
 	if (((uint64_t)end << ZF_PAGE_SHIFT) > m->size)
 		end = (unsigned long)((m->size + ZF_PAGE_SIZE - 1) >>
 				      ZF_PAGE_SHIFT);
@@ -216,9 +221,13 @@ int ra_window(struct read_req *rq, const struct ra_plan *pl,
 		last = demand_last;
 	if (demand_last != ULONG_MAX && first > demand_first)
 		first = demand_first;
-	if (pl->async_size)
-		marker = mapping_index(m, (uint64_t)(end - pl->async_size)
-						  << ZF_PAGE_SHIFT);
+	/* no marker past the end of the file: nothing is left to read ahead */
+	if (marker != ULONG_MAX)
+		marker = marker < end ? mapping_index(m, (uint64_t)marker
+							      << ZF_PAGE_SHIFT)
+				      : ULONG_MAX;
+	if (ra_trace_hook)
+		ra_trace_hook(first, last, marker);
 	return window_read(rq, first, last, marker, demand_first, demand_last);
 }
 
