@@ -120,7 +120,7 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 {
 	struct mapping *m = rq->mapping;
 	struct cache *c = m->cache;
-	bool tried_ra = false;
+	bool tried_ra = false, retried = false;
 	struct folio *f;
 	int err;
 
@@ -132,6 +132,7 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 				return cache_bounce_folio(rq, index, out);
 			stat_inc(rq->group, STAT_CACHE_MISSES);
 			tried_ra = true;
+			rq->waited_io = true; /* a major fault: it reads */
 			err = c->ra_ops->sync_ra(rq, index, last);
 			if (err == -ENOMEM) /* no room even after reclaim */
 				return cache_bounce_folio(rq, index, out);
@@ -177,7 +178,19 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 			folio_wait_locked(f);
 		}
 		if (!folio_test(f, FOLIO_UPTODATE)) {
+			/*
+			 * A failed speculative read is dropped quietly: read
+			 * the frame again, now as this request's own.
+			 */
+			bool again = folio_test(f, FOLIO_SPECULATIVE) &&
+				     !retried;
+
 			folio_put(f);
+			if (again) {
+				retried = true;
+				tried_ra = false;
+				continue;
+			}
 			return -EIO;
 		}
 		rq->held[rq->nheld++] = f;

@@ -116,6 +116,14 @@ def test_basic():
             check(int(m.ctl("memory.current")) <= budget, "memory.current over budget")
             check(st["reclaim_passes"] > 0, "no reclaim under a small budget")
             check(st["pgmajfault"] > 0 and st["cache_hits"] > 0, "counters")
+            # a sequential reader: readahead runs ahead of it
+            ra0 = m.stat()
+            with open(mnt + "/big/text.log", "rb") as f:
+                check(f.read() == files["big/text.log"], "sequential read")
+            ra1 = m.stat()
+            check(ra1["ra_windows"] - ra0["ra_windows"] >= 40, "readahead windows")
+            check(ra1["ra_pages"] - ra0["ra_pages"] >= 40 * 32, "readahead pages")
+            check(ra1["ra_hits"] > ra0["ra_hits"], "readahead hits")
             # write-like operations: EROFS
             expect_errno(lambda: os.open(mnt + "/a/notes.txt", os.O_WRONLY), errno.EROFS, "open for write")
             expect_errno(lambda: os.open(mnt + "/newfile", os.O_CREAT | os.O_WRONLY, 0o644), errno.EROFS, "create")
