@@ -124,11 +124,25 @@ static unsigned long cached_before(const struct mapping *m,
 	return count;
 }
 
+/*
+ * ractl_max_pages(): a request bigger than the window may read ahead as
+ * much as itself, up to what one FUSE request carries (RA_IO_PAGES).
+ */
+static unsigned long ra_max_pages(const struct file_ra_state *ra,
+				  unsigned long req)
+{
+	unsigned long max = ra->ra_pages;
+
+	if (max && req > max)
+		max = req < RA_IO_PAGES ? req : RA_IO_PAGES;
+	return max > ra->ra_pages ? max : ra->ra_pages;
+}
+
 /* mirrors page_cache_sync_ra(): false means "just the request". */
 bool ra_sync_plan(struct file_ra_state *ra, const struct mapping *m,
 		  unsigned long index, unsigned long req, struct ra_plan *p)
 {
-	unsigned long max = ra->ra_pages;
+	unsigned long max = ra_max_pages(ra, req);
 	long long prev = atomic_load_explicit(&ra->prev_pos,
 					      memory_order_relaxed);
 	unsigned long prev_index = (unsigned long)(prev >> ZF_PAGE_SHIFT);
@@ -137,10 +151,10 @@ bool ra_sync_plan(struct file_ra_state *ra, const struct mapping *m,
 	p->start = index;
 	p->size = req;
 	p->async_size = 0;
-	if (max == 0)
+	if (ra->ra_pages == 0)
 		return false;
 	pthread_mutex_lock(&ra->lock);
-	if (index == 0 || req > max || index - prev_index <= 1) {
+	if (index == 0 || req > ra->ra_pages || index - prev_index <= 1) {
 		/* a new stream: the initial window */
 		ra->start = index;
 		ra->size = get_init_ra_size(req, max);
@@ -189,10 +203,10 @@ static unsigned long next_miss(const struct mapping *m, unsigned long folio,
 bool ra_async_plan(struct file_ra_state *ra, const struct mapping *m,
 		   unsigned long folio, unsigned long req, struct ra_plan *p)
 {
-	unsigned long max = ra->ra_pages;
+	unsigned long max = ra_max_pages(ra, req);
 	bool ok = true;
 
-	if (max == 0)
+	if (ra->ra_pages == 0)
 		return false;
 	pthread_mutex_lock(&ra->lock);
 	if (ra->size &&

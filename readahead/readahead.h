@@ -19,6 +19,8 @@ enum ra_reclaim_mode {
 
 /* VM_READAHEAD_PAGES: 128 KiB */
 #define RA_DEFAULT_PAGES 32
+/* What one FUSE request carries at most (1 MiB): bdi io_pages */
+#define RA_IO_PAGES 256
 /* Largest ra_kb accepted: 64 MiB */
 #define RA_MAX_PAGES (64u << 20 >> ZF_PAGE_SHIFT)
 
