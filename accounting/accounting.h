@@ -40,7 +40,8 @@
 #define GROUP_MAX_DEPTH 32
 #define GROUP_NAME_MAX 64
 
-#define COUNTER_MAX ((long)(LONG_MAX / 2))
+/* "max": no limit (the largest a counter holds) */
+#define COUNTER_MAX ((long)UINT32_MAX)
 
 static inline unsigned long pages_of_bytes(uint64_t bytes)
 {
@@ -124,10 +125,14 @@ extern const struct stat_desc stat_descs[NR_STATS];
 enum group_event { EV_HIGH, EV_MAX, NR_GROUP_EVENTS };
 extern const char *const group_event_names[NR_GROUP_EVENTS];
 
-/* A hierarchical page counter: mirrors the kernel's page_counter. */
+/*
+ * A hierarchical page counter: mirrors the kernel's page_counter, except
+ * that usage and max share one 64-bit word (max << 32 | usage), so that a
+ * charge and a lower limit are decided atomically: usage is never above
+ * max, not even for an instant.  Both count 4 KiB pages (16 TiB at most).
+ */
 struct counter {
-	atomic_long usage;   /* pages charged here and below */
-	atomic_long max;     /* hard limit; a charge never passes it */
+	_Atomic uint64_t state; /* max << 32 | usage */
 	atomic_long high;    /* above it, background reclaim runs */
 	atomic_long peak;    /* highest usage seen (racy raise, like watermark) */
 	atomic_long failcnt; /* charges refused at this level */
@@ -244,6 +249,8 @@ bool counter_try_charge(struct counter *c, long nr, struct counter **fail);
 void counter_charge(struct counter *c, long nr);
 void counter_uncharge(struct counter *c, long nr);
 long counter_read(const struct counter *c);
+long counter_max(const struct counter *c);
+void counter_snapshot(const struct counter *c, long *usage, long *max);
 long counter_margin(const struct counter *c);
 int counter_set_max(struct counter *c, long max);
 void counter_set_high(struct counter *c, long high);

@@ -244,7 +244,7 @@ static unsigned long reclaim_size(struct group *over, unsigned long nr)
 
 	if (!over->budget->cfg.reclaim_headroom)
 		return nr;
-	room = (unsigned long)atomic_load(&over->mem.max) >>
+	room = (unsigned long)counter_max(&over->mem) >>
 	       RECLAIM_HEADROOM_SHIFT;
 	if (room > RECLAIM_HEADROOM_MAX)
 		room = RECLAIM_HEADROOM_MAX;
@@ -404,7 +404,7 @@ int reclaim_proactive(struct group *g, unsigned long nr_pages)
  */
 int group_set_max(struct group *g, long max_pages)
 {
-	long old = atomic_load(&g->mem.max);
+	long old = counter_max(&g->mem);
 	unsigned int zero_passes = 0;
 	bool drained = false;
 

@@ -3,24 +3,37 @@
  * Hierarchical page counters: mirrors mm/page_counter.c.
  *
  * Charging walks from the group to the root; each level takes the pages
- * with a compare-and-swap that refuses to pass its max.  If a level refuses,
- * the levels below it are given back, so a refused charge leaves no trace.
- * Unlike the kernel's speculative add, usage is never above max, not even
- * for an instant, which is what memory.current readers are promised.
- *
- * max and usage pair up in counter_set_max(): the new max is stored first,
- * then usage is re-read, so a charge that slipped in between is seen and the
- * old limit restored (try_charge adds first, then reads max).
+ * with a compare-and-swap of its (max, usage) word that refuses to pass its
+ * max.  If a level refuses, the levels below it are given back, so a
+ * refused charge leaves no trace.  Unlike the kernel's speculative add,
+ * usage is never above max, not even for an instant, and a lower limit set
+ * at the same moment as a charge sees it or refuses it: one word, one CAS.
  */
 #include <errno.h>
 
 #include "accounting.h"
 
+static inline uint64_t cstate(uint64_t max, uint64_t usage)
+{
+	return max << 32 | usage;
+}
+
+static inline long cusage(uint64_t st)
+{
+	return (long)(uint32_t)st;
+}
+
+static inline long cmax(uint64_t st)
+{
+	return (long)(st >> 32);
+}
+
 void counter_init(struct counter *c, struct counter *parent, long max,
 		  long high)
 {
-	atomic_init(&c->usage, 0);
-	atomic_init(&c->max, max);
+	if (max > COUNTER_MAX)
+		max = COUNTER_MAX;
+	atomic_init(&c->state, cstate((uint64_t)max, 0));
 	atomic_init(&c->high, high);
 	atomic_init(&c->peak, 0);
 	atomic_init(&c->failcnt, 0);
@@ -39,34 +52,38 @@ static void counter_raise_peak(struct counter *c, long usage)
 		;
 }
 
+/* Give back nr pages: usage >= nr, so the borrow never reaches max. */
+static void counter_sub(struct counter *c, long nr)
+{
+	uint64_t old = atomic_fetch_sub(&c->state, (uint64_t)nr);
+
+	/* an underflow is a bug in the caller: undo it, like the kernel */
+	if (cusage(old) < nr)
+		atomic_fetch_add(&c->state, (uint64_t)nr);
+}
+
 bool counter_try_charge(struct counter *c, long nr, struct counter **fail)
 {
 	struct counter *i;
 
 	for (i = c; i; i = i->parent) {
-		long usage = atomic_load_explicit(&i->usage,
-						  memory_order_relaxed);
+		uint64_t st = atomic_load_explicit(&i->state,
+						   memory_order_relaxed);
 
-		/*
-		 * Compare-and-swap, not the kernel's add-then-undo: usage
-		 * never exceeds max even for an instant, so a sampler of
-		 * memory.current never sees it above memory.max.  seq_cst
-		 * pairs with the exchange and re-read in counter_set_max.
-		 */
 		do {
-			if (usage + nr > atomic_load(&i->max)) {
+			if (cusage(st) + nr > cmax(st)) {
 				atomic_fetch_add_explicit(&i->failcnt, 1,
 							  memory_order_relaxed);
 				if (fail)
 					*fail = i;
 				for (struct counter *j = c; j != i;
 				     j = j->parent)
-					atomic_fetch_sub(&j->usage, nr);
+					counter_sub(j, nr);
 				return false;
 			}
-		} while (!atomic_compare_exchange_weak(&i->usage, &usage,
-						       usage + nr));
-		counter_raise_peak(i, usage + nr);
+		} while (!atomic_compare_exchange_weak(&i->state, &st,
+						       st + (uint64_t)nr));
+		counter_raise_peak(i, cusage(st) + nr);
 	}
 	return true;
 }
@@ -74,47 +91,56 @@ bool counter_try_charge(struct counter *c, long nr, struct counter **fail)
 void counter_charge(struct counter *c, long nr)
 {
 	for (struct counter *i = c; i; i = i->parent)
-		counter_raise_peak(i, atomic_fetch_add(&i->usage, nr) + nr);
+		counter_raise_peak(i, cusage(atomic_fetch_add(
+					      &i->state, (uint64_t)nr)) +
+					      nr);
 }
 
 void counter_uncharge(struct counter *c, long nr)
 {
-	for (struct counter *i = c; i; i = i->parent) {
-		long old = atomic_fetch_sub(&i->usage, nr);
-
-		/* an underflow is a bug in the caller: clamp, like the kernel */
-		if (old < nr)
-			atomic_fetch_add(&i->usage, nr - old);
-	}
+	for (struct counter *i = c; i; i = i->parent)
+		counter_sub(i, nr);
 }
 
 long counter_read(const struct counter *c)
 {
-	return atomic_load_explicit(&c->usage, memory_order_relaxed);
+	return cusage(atomic_load_explicit(&c->state, memory_order_relaxed));
+}
+
+long counter_max(const struct counter *c)
+{
+	return cmax(atomic_load_explicit(&c->state, memory_order_relaxed));
+}
+
+/* usage and max at one instant: what memory.current <= memory.max means */
+void counter_snapshot(const struct counter *c, long *usage, long *max)
+{
+	uint64_t st = atomic_load(&c->state);
+
+	*usage = cusage(st);
+	*max = cmax(st);
 }
 
 long counter_margin(const struct counter *c)
 {
-	long max = atomic_load_explicit(&c->max, memory_order_relaxed);
-	long usage = counter_read(c);
+	uint64_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
 
-	return usage < max ? max - usage : 0;
+	return cusage(st) < cmax(st) ? cmax(st) - cusage(st) : 0;
 }
 
+/* -EBUSY if usage is above the new limit: reclaim first, then retry. */
 int counter_set_max(struct counter *c, long max)
 {
-	for (;;) {
-		long usage = atomic_load(&c->usage);
-		long old;
+	uint64_t st = atomic_load(&c->state);
 
-		if (usage > max)
+	if (max > COUNTER_MAX)
+		max = COUNTER_MAX;
+	do {
+		if (cusage(st) > max)
 			return -EBUSY;
-		old = atomic_exchange(&c->max, max);
-		if (atomic_load(&c->usage) <= max)
-			return 0;
-		/* a charge slipped in under the old limit: put it back, retry */
-		atomic_store(&c->max, old);
-	}
+	} while (!atomic_compare_exchange_weak(
+		&c->state, &st, cstate((uint64_t)max, (uint64_t)cusage(st))));
+	return 0;
 }
 
 void counter_set_high(struct counter *c, long high)

@@ -154,13 +154,14 @@ int events_format(const struct group *g, char *buf, size_t len)
 
 int stat_format_json(const struct group *g, char *buf, size_t len)
 {
-	long v[NR_STATS];
+	long v[NR_STATS], cur, max, high = atomic_load(&g->mem.high);
 	size_t off = 0;
-	long max = atomic_load(&g->mem.max), high = atomic_load(&g->mem.high);
 
+	/* current and max from one instant: a reader may compare them */
+	counter_snapshot(&g->mem, &cur, &max);
 	stat_read_all(g, v);
 	buf_printf(buf, len, &off, "{\"current\": %ld, \"peak\": %ld",
-		   counter_read(&g->mem) * (long)ZF_PAGE_SIZE,
+		   cur * (long)ZF_PAGE_SIZE,
 		   atomic_load(&g->mem.peak) * (long)ZF_PAGE_SIZE);
 	if (max >= COUNTER_MAX)
 		buf_printf(buf, len, &off, ", \"max\": null");

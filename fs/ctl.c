@@ -38,7 +38,7 @@ static int read_peak(struct group *g, char *buf, size_t len)
 
 static int read_max(struct group *g, char *buf, size_t len)
 {
-	return show_bytes(buf, len, atomic_load(&g->mem.max));
+	return show_bytes(buf, len, counter_max(&g->mem));
 }
 
 static int read_high(struct group *g, char *buf, size_t len)

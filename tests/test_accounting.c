@@ -116,7 +116,7 @@ static void *storm_thread(void *arg)
 static void check_level(struct group *g, void *arg)
 {
 	(void)arg;
-	CHECK(counter_read(&g->mem) <= atomic_load(&g->mem.max));
+	CHECK(counter_read(&g->mem) <= counter_max(&g->mem));
 }
 
 static void *storm_watch(void *arg)
@@ -375,10 +375,10 @@ static void test_set_max(void)
 	fill(&f, &b.root, 900);
 	CHECK_EQ(group_set_max(&b.root, 500), 0);
 	CHECK(counter_read(&b.root.mem) <= 500);
-	CHECK_EQ(atomic_load(&b.root.mem.max), 500);
+	CHECK_EQ(counter_max(&b.root.mem), 500);
 	f.pinned = true;
 	CHECK_EQ(group_set_max(&b.root, 100), -EBUSY);
-	CHECK_EQ(atomic_load(&b.root.mem.max), 500);
+	CHECK_EQ(counter_max(&b.root.mem), 500);
 	CHECK_EQ(group_set_max(&b.root, COUNTER_MAX), 0);
 	budget_destroy(&b);
 }

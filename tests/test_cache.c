@@ -85,7 +85,7 @@ static void *storm_watch(void *arg)
 	struct counter *k = &st->c->budget.root.mem;
 
 	while (!atomic_load(&st->stop))
-		if (counter_read(k) > atomic_load(&k->max))
+		if (counter_read(k) > counter_max(k))
 			atomic_fetch_add(&st->over, 1);
 	return NULL;
 }
@@ -217,6 +217,116 @@ static void test_hot_lockless(void)
 	free(s.buf);
 }
 
+struct lockless_stress {
+	struct cache *c;
+	struct mapping *m;
+	atomic_bool stop;
+	atomic_int bad, over;
+	atomic_long reads;
+};
+
+static void *hot_reader(void *arg)
+{
+	struct lockless_stress *st = arg;
+	struct sink s = {.buf = malloc(1 << 20)};
+	unsigned long long seed = (unsigned long long)pthread_self() | 1;
+
+	cache_thread_register();
+	while (!atomic_load(&st->stop)) {
+		/* a few hot spots: the first 4 KiB of 8 folios */
+		uint64_t pos = (test_rand(&seed) % 8) * FOLIO +
+			       test_rand(&seed) % 4000;
+		size_t len = 1 + test_rand(&seed) % 96;
+
+		if (read_at(st->m, NULL, &st->c->budget.root, pos, len, &s) ||
+		    s.len != len || !bytes_ok(&s, pos))
+			atomic_fetch_add(&st->bad, 1);
+		atomic_fetch_add(&st->reads, 1);
+	}
+	cache_thread_unregister();
+	free(s.buf);
+	read_at_done();
+	return NULL;
+}
+
+static void *limit_shaker(void *arg)
+{
+	struct lockless_stress *st = arg;
+	struct group *g = &st->c->budget.root;
+	long sizes[] = {4 * 32, 2 * 32, 16 * 32, 3 * 32, 64 * 32};
+
+	/* like a worker serving control writes: online, quiescent after each */
+	cache_thread_register();
+	for (int i = 0; !atomic_load(&st->stop); i++) {
+		group_set_max(g, sizes[i % 5]);
+		cache_quiescent();
+		reclaim_proactive(g, 32);
+		cache_quiescent();
+	}
+	group_set_max(g, 64 * 32);
+	cache_thread_unregister();
+	return NULL;
+}
+
+static void *limit_watch(void *arg)
+{
+	struct lockless_stress *st = arg;
+	struct counter *k = &st->c->budget.root.mem;
+
+	/* max may move while we look: usage must fit one of the two reads */
+	while (!atomic_load(&st->stop)) {
+		long m1 = counter_max(k), u = counter_read(k);
+		long m2 = counter_max(k);
+
+		if (u > m1 && u > m2)
+			atomic_fetch_add(&st->over, 1);
+	}
+	return NULL;
+}
+
+/*
+ * 4 threads read hot folios in a loop while another shrinks and grows
+ * memory.max and reclaims: every byte right, the budget never passed, and
+ * no deferred page left once the readers stop and a grace period passes.
+ */
+static void test_lockless_stress(void)
+{
+	struct cache c;
+	struct lockless_stress st = {.c = &c};
+	pthread_t r[4], shaker, watch;
+	const char *env = getenv("ZF_STRESS_SECONDS");
+	int seconds = env ? atoi(env) : 10;
+
+	setup(&c, 64 * 32, true);
+	st.m = fake_mapping(&c, 64 * FOLIO);
+	pthread_create(&watch, NULL, limit_watch, &st);
+	for (int i = 0; i < 4; i++)
+		pthread_create(&r[i], NULL, hot_reader, &st);
+	pthread_create(&shaker, NULL, limit_shaker, &st);
+	sleep((unsigned)seconds);
+	atomic_store(&st.stop, true);
+	for (int i = 0; i < 4; i++)
+		pthread_join(r[i], NULL);
+	pthread_join(shaker, NULL);
+	pthread_join(watch, NULL);
+	CHECK_EQ(atomic_load(&st.bad), 0);
+	CHECK_EQ(atomic_load(&st.over), 0);
+	CHECK(stat_read(&c.budget.root, STAT_LOCKLESS_READS) > 0);
+	CHECK(stat_read(&c.budget.root, STAT_DEFERRED_FREES) > 0);
+	cache_expedite(&c);
+	usleep(200000); /* the reaper's batch, if it had one */
+	CHECK_EQ(stat_read(&c.budget.root, STAT_DEFERRED_FREE), 0);
+	fprintf(stderr, "  %ld reads, %ld lockless, %ld hot, %ld deferred "
+			"frees, %ld expedited\n",
+		atomic_load(&st.reads),
+		stat_read(&c.budget.root, STAT_LOCKLESS_READS),
+		stat_read(&c.budget.root, STAT_HOT_FOLIOS),
+		stat_read(&c.budget.root, STAT_DEFERRED_FREES),
+		stat_read(&c.budget.root, STAT_EXPEDITED_GPS));
+	mapping_put(st.m);
+	cache_destroy(&c);
+}
+
 int main(void)
 {
 	RUN(test_sequential);
@@ -224,6 +334,7 @@ int main(void)
 	RUN(test_bounce);
 	RUN(test_lru_promotion);
 	RUN(test_hot_lockless);
+	RUN(test_lockless_stress);
 	read_at_done();
 	return check_done();
 }

@@ -362,6 +362,84 @@ def test_budget():
                   "another uid wrote memory.max: " + r.stderr)
 
 
+def test_lockless():
+    """4 threads read hot folios in a loop while another shrinks and grows
+    memory.max and calls memory.reclaim, for 10 s (ZF_STRESS_SECONDS):
+    every byte right, memory.current never above memory.max, and no
+    deferred page left once the readers stop and a grace period passes."""
+    require_root_fuse()
+    seconds = float(os.environ.get("ZF_STRESS_SECONDS", "10"))
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(src)
+        files = {}
+        for i in range(4):
+            files["hot%d" % i] = text_bytes(1 << 20, 100 + i)
+            with open(src + "/hot%d" % i, "wb") as f:
+                f.write(files["hot%d" % i])
+        pack(src, dst)
+        with Mount(dst, mnt, "budget=8M,threads=4") as m:
+            stop, errors, over = threading.Event(), [], []
+            reads = [0]
+
+            def reader(seed):
+                rnd = random.Random(seed)
+                fds = {n: os.open(mnt + "/" + n, os.O_RDONLY) for n in files}
+                try:
+                    while not stop.is_set():
+                        name = rnd.choice(list(files))
+                        off = rnd.randrange(4) * 131072 + rnd.randrange(4000)
+                        n = rnd.randint(1, 96)
+                        if os.pread(fds[name], n, off) != files[name][off:off + n]:
+                            errors.append("%s at %d" % (name, off))
+                        reads[0] += 1
+                except OSError as e:
+                    errors.append(str(e))
+                finally:
+                    for fd in fds.values():
+                        os.close(fd)
+
+            def shaker():
+                sizes = ["2M", "1M", "8M", "512K", "4M"]
+                i = 0
+                while not stop.is_set():
+                    try:
+                        m.set("memory.max", sizes[i % len(sizes)])
+                        m.set("memory.reclaim", "128K")
+                    except OSError as e:
+                        if e.errno not in (errno.EAGAIN, errno.EBUSY):
+                            errors.append("shaker: %s" % e)
+                    i += 1
+
+            def watch():
+                import json
+                while not stop.is_set():
+                    # one file, one instant: current and max together
+                    j = json.loads(m.ctl("memory.stat.json"))
+                    if j["current"] > j["max"]:
+                        over.append((j["current"], j["max"]))
+
+            threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+            threads += [threading.Thread(target=shaker), threading.Thread(target=watch)]
+            for t in threads:
+                t.start()
+            time.sleep(seconds)
+            stop.set()
+            for t in threads:
+                t.join()
+            check(not errors, "errors: " + "; ".join(errors[:3]))
+            check(not over, "memory.current above memory.max: %s" % over[:3])
+            st = m.stat()
+            print("%d reads, %d lockless, %d hot folios, %d deferred frees, %d expedited" % (
+                reads[0], st["lockless_reads"], st["hot_folios"], st["deferred_frees"],
+                st["expedited_gps"]))
+            check(st["lockless_reads"] > 0 and st["deferred_frees"] > 0, "lockless path used")
+            deadline = time.time() + 5
+            while m.stat()["deferred_free_pages"]:
+                check(time.time() < deadline, "deferred pages left: %d" % m.stat()["deferred_free_pages"])
+                time.sleep(0.05)
+
+
 READER = """
 import os, random, sys, time
 mnt, names, seconds, seed = sys.argv[1], sys.argv[2].split(","), float(sys.argv[3]), int(sys.argv[4])
