@@ -103,7 +103,16 @@ static inline unsigned long pages_of_bytes(uint64_t bytes)
 	X(SLOW_FRAMES, "single_frame_warnings", event,                         \
 	  "reads of frames that need streaming from their start")              \
 	X(HIGH_RECLAIMS, "high_reclaim_passes", event,                         \
-	  "background reclaim passes for memory.high")
+	  "background reclaim passes for memory.high")                         \
+	X(FAULT_FILLS, "fault_fills", event,                                   \
+	  "page-cache fills (mmap faults), not read()")                        \
+	X(READAROUND_WINDOWS, "readaround_windows", event,                     \
+	  "read-around windows for faults")                                    \
+	X(READAROUND_PAGES, "readaround_pages", event, "pages read around")    \
+	X(READAROUND_USED, "readaround_used", event,                           \
+	  "read-around pages used before eviction")                            \
+	X(READAROUND_STOPPED, "readaround_stopped", event,                     \
+	  "faults not read around: too many unused")
 
 enum stat_kind { STAT_GAUGE, STAT_EVENT };
 

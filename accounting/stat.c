@@ -132,6 +132,12 @@ int stat_format(const struct group *g, char *buf, size_t len)
 	for (int i = 0; i < NR_STATS; i++)
 		buf_printf(buf, len, &off, "%s %ld\n", stat_descs[i].name,
 			   stat_value_printed(i, v[i]));
+	/* derived: the average read-around window so far */
+	buf_printf(buf, len, &off, "readaround_window_pages %ld\n",
+		   v[STAT_READAROUND_WINDOWS]
+			   ? v[STAT_READAROUND_PAGES] /
+				     v[STAT_READAROUND_WINDOWS]
+			   : 0);
 	return (int)off;
 }
 

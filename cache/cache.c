@@ -76,6 +76,7 @@ struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
 	m->starts = starts;
 	atomic_init(&m->nr_cached, 0);
 	atomic_init(&m->refcount, 1);
+	atomic_init(&m->ra_private, NULL);
 	return m;
 }
 
@@ -116,6 +117,8 @@ void mapping_put(struct mapping *m)
 	    1)
 		return;
 	mapping_drop_folios(m, true);
+	if (m->cache->ra_ops && m->cache->ra_ops->mapping_gone)
+		m->cache->ra_ops->mapping_gone(m);
 	if (m->ops && m->ops->release)
 		m->ops->release(m);
 	free(m->slots);

@@ -134,6 +134,7 @@ struct mapping {
 	_Atomic(struct folio *) *slots;
 	atomic_long nr_cached;   /* folios in slots */
 	atomic_int refcount;
+	void *_Atomic ra_private; /* readahead/'s per-file state, or NULL */
 };
 
 /*
@@ -168,6 +169,13 @@ struct cache_ra_ops {
 			 unsigned long last);
 	/* After the reply: complete the deferred part of windows. */
 	void (*finish)(struct read_req *rq);
+	/* A read-around folio read for the first time. */
+	void (*folio_used)(struct folio *f);
+	/* A read-around folio evicted unread (called under the LRU lock,
+	 * while f->mapping is alive). */
+	void (*folio_unused)(struct folio *f);
+	/* The mapping is going away: free what readahead hung on it. */
+	void (*mapping_gone)(struct mapping *m);
 };
 
 #define READ_REQ_MAX_FOLIOS 512
@@ -182,6 +190,7 @@ struct read_req {
 	uint64_t pos;
 	size_t len;
 	bool fault;      /* a page-cache fill (mmap), not a read() */
+	bool readaround; /* the window being read is read-around */
 	/* out, for the reply */
 	struct iovec iov[READ_REQ_MAX_FOLIOS];
 	int niov;

@@ -193,6 +193,15 @@ bool folio_mark_accessed(struct folio *f)
 		if (!(old & (1u << FOLIO_ACCESSED)) &&
 		    (old & (1u << FOLIO_SPECULATIVE)))
 			stat_mod(f->group, STAT_RA_HITS, f->nr_pages);
+		if (!(old & (1u << FOLIO_ACCESSED)) &&
+		    (old & (1u << FOLIO_READAROUND))) {
+			const struct cache_ra_ops *ops =
+				cache_of_group(f->group)->ra_ops;
+
+			stat_mod(f->group, STAT_READAROUND_USED, f->nr_pages);
+			if (ops && ops->folio_used)
+				ops->folio_used(f);
+		}
 	}
 	if (!(fl & (1u << FOLIO_REFERENCED))) {
 		folio_set(f, FOLIO_REFERENCED);

@@ -205,6 +205,15 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 			cds_list_move(&f->lru, &l->inactive); /* rotate */
 			continue;
 		}
+		/* read around and never read: read-around sizing hears it */
+		if (folio_test(f, FOLIO_READAROUND) &&
+		    !folio_test(f, FOLIO_ACCESSED)) {
+			const struct cache_ra_ops *ops =
+				cache_of_group(g)->ra_ops;
+
+			if (ops && ops->folio_unused)
+				ops->folio_unused(f);
+		}
 		lru_unlink_locked(f);
 		f->defer_next = freed;
 		freed = f;

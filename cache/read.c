@@ -34,6 +34,7 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 	rq->pos = pos;
 	rq->len = len;
 	rq->fault = false;
+	rq->readaround = false;
 	rq->niov = 0;
 	rq->bytes = 0;
 	rq->nheld = 0;
@@ -271,6 +272,8 @@ int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
 	if (rq->pos >= end)
 		return reply(arg, NULL, 0);
 	stat_inc(rq->group, STAT_PGFAULT);
+	if (rq->fault)
+		stat_inc(rq->group, STAT_FAULT_FILLS);
 	current_rq = rq;
 	first = mapping_index(m, rq->pos);
 	last = mapping_index(m, end - 1);

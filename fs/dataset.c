@@ -697,6 +697,7 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	}
 	rc.ra_pages = opt->ra_kb / 4;
 	rc.reclaim = opt->ra_reclaim;
+	rc.readaround = opt->readaround;
 	readahead_init(&ds->cache, &rc);
 	if (opt->ctl && *opt->ctl) {
 		ds->ctl_root = znode_ctl(ds, &ds->cache.budget.root, CTL_DIR_ID,

@@ -19,6 +19,7 @@
 #include "fs.h"
 
 enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
+#define KERNEL_RA_AUTO UINT32_MAX
 
 /* Mount options: declared once in mount.c's table. */
 struct options {
@@ -30,6 +31,8 @@ struct options {
 	uint64_t group_high;
 	unsigned int threads;
 	unsigned int ra_kb;
+	unsigned int kernel_ra_kb; /* KERNEL_RA_AUTO: 4 with cache=engine */
+	enum readaround_mode readaround;
 	enum cache_mode cache;
 	enum ra_reclaim_mode ra_reclaim;
 	enum group_by group_by;
@@ -165,6 +168,10 @@ void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st);
 int ctl_read(struct dataset *ds, struct znode *n, char **buf, size_t *len);
 int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
 	      size_t len);
+
+/* initio.c */
+int initio_install(struct fuse_session *se);
+bool initio_mmap_granted(void);
 
 /* ops.c */
 extern const struct fuse_lowlevel_ops zfolio_ops;

@@ -42,6 +42,8 @@ struct opt_desc {
 static const char *const cache_modes[] = {"engine", "kernel", NULL};
 static const char *const reclaim_modes[] = {"batch", "per_folio", NULL};
 static const char *const group_modes[] = {"none", "uid", "cgroup", NULL};
+static const char *const readaround_modes[] = {"adaptive", "fixed", "off",
+					       NULL};
 
 #define OFF(f) offsetof(struct options, f)
 static const struct opt_desc opt_table[] = {
@@ -59,6 +61,12 @@ static const struct opt_desc opt_table[] = {
 	{"ra_kb", OPT_UINT, OFF(ra_kb), "128",
 	 "largest readahead window in KiB (btrfs uses 4096)", NULL, 0,
 	 64 << 10},
+	{"readaround", OPT_ENUM, OFF(readaround), "adaptive",
+	 "mmap faults: read around sized by use, fixed ra_kb, or off",
+	 readaround_modes, 0, 0},
+	{"kernel_ra_kb", OPT_UINT, OFF(kernel_ra_kb), "auto",
+	 "the kernel's own read-around for mmap (auto: 4 with cache=engine)",
+	 NULL, 0, 1024},
 	{"ra_reclaim", OPT_ENUM, OFF(ra_reclaim), "batch",
 	 "readahead at the limit: batch reclaim per window, or per_folio",
 	 reclaim_modes, 0, 0},
@@ -106,6 +114,10 @@ static int opt_apply(struct options *o, const struct opt_desc *d,
 		*(uint64_t *)p = v;
 		return 0;
 	case OPT_UINT:
+		if (strcmp(val, "auto") == 0 && strcmp(d->def, "auto") == 0) {
+			*(unsigned int *)p = KERNEL_RA_AUTO;
+			return 0;
+		}
 		errno = 0;
 		v = strtoull(val, &end, 10);
 		if (errno || end == val || *end || v < d->min || v > d->max)
@@ -432,6 +444,10 @@ int main(int argc, char **argv)
 			fopts.mountpoint);
 		goto out_sig;
 	}
+	/* shared mappings of direct_io files: see initio.c */
+	if (opt.cache == CACHE_ENGINE && initio_install(se))
+		fprintf(stderr, "%s: cannot watch INIT: MAP_SHARED will fail\n",
+			progname);
 	fuse_daemonize(fopts.foreground);
 	lp.se = se;
 	if (cache_start(&ds.cache) || loop_start(&lp, opt.threads)) {

@@ -19,6 +19,9 @@
 
 enum handle_kind { H_FILE, H_DIR, H_CTL };
 
+/* FUSE_READ_LOCKOWNER: a read() on a direct_io file carries it */
+#define READ_LOCKOWNER (1u << 1)
+
 struct dir_handle {
 	enum handle_kind kind;
 	struct dir_entry *e;
@@ -383,7 +386,8 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	g = group_for_request(&ds->cache.budget, ctx->uid, ctx->pid);
 	read_req_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
 		      (uint64_t)off, size);
-	w->rq.fault = !(fi->lock_owner);
+	/* a page-cache fill (mmap fault) has neither flag nor lock owner */
+	w->rq.fault = !(fi->flags & READ_LOCKOWNER) && !fi->lock_owner;
 	cache_read(&w->rq, reply_iov, req);
 }
 
@@ -538,7 +542,19 @@ static void erofs_fallocate(fuse_req_t req, fuse_ino_t i, int m, off_t o,
 
 static void zf_init(void *userdata, struct fuse_conn_info *conn)
 {
-	(void)userdata;
+	struct dataset *ds = userdata;
+	unsigned int kra = ds->opt->kernel_ra_kb;
+
+	/*
+	 * The kernel's own read-around for mmap faults: kept to a page with
+	 * cache=engine, so that zfolio reads around into its cache, under its
+	 * budget.  With cache=kernel it stays (0 there would make every
+	 * read() a 4 KiB request).
+	 */
+	if (kra == KERNEL_RA_AUTO)
+		kra = ds->opt->cache == CACHE_ENGINE ? 4 : UINT32_MAX;
+	if (kra != UINT32_MAX && kra * 1024u < conn->max_readahead)
+		conn->max_readahead = kra * 1024u;
 	/* read-only data never changes under the kernel's page cache */
 	if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
 		conn->want |= FUSE_CAP_CACHE_SYMLINKS;

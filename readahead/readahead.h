@@ -33,9 +33,20 @@ enum ra_reclaim_mode {
  */
 #define READAHEAD_MAX_RECLAIMS 2
 
+/* How a page-cache fill (an mmap fault) that misses reads around. */
+enum readaround_mode {
+	READAROUND_ADAPTIVE, /* sized by whether its pages get used */
+	READAROUND_FIXED,    /* always ra_pages, as the kernel does */
+	READAROUND_OFF,      /* just the faulting folio */
+};
+
+/* MMAP_LOTSAMISS: unused read-around folios in a row that stop it */
+#define READAROUND_LOTSAMISS 100
+
 struct ra_config {
 	unsigned long ra_pages;
 	enum ra_reclaim_mode reclaim;
+	enum readaround_mode readaround;
 };
 
 int readahead_init(struct cache *c, const struct ra_config *cfg);
@@ -59,7 +70,31 @@ bool ra_async_plan(struct file_ra_state *ra, const struct mapping *m,
 extern void (*ra_trace_hook)(unsigned long first, unsigned long last,
 			     unsigned long marker);
 
+/* readaround.c */
+struct readaround_state {
+	pthread_mutex_t lock;
+	unsigned long window;       /* pages read around a miss */
+	unsigned long min, max;     /* one folio .. ra_pages */
+	unsigned int used, unused;  /* folios since the last resize */
+	unsigned int unused_streak; /* unused folios in a row */
+	unsigned long probes;       /* misses while stopped */
+};
+int readaround_sync(struct read_req *rq, unsigned long index,
+		    unsigned long last);
+void readaround_used(struct folio *f);
+void readaround_unused(struct folio *f);
+void readaround_free(struct mapping *m);
+void readaround_set_mode(enum readaround_mode mode);
+void readaround_init_state(struct readaround_state *s, unsigned long min,
+			   unsigned long max);
+void readaround_feedback(struct readaround_state *s, bool used,
+			 unsigned long folio_pages);
+bool readaround_plan(struct readaround_state *s, unsigned long pg,
+		     unsigned long req, struct ra_plan *p);
+
 /* window.c */
+int ra_sync_read(struct read_req *rq, unsigned long index,
+		 unsigned long last);
 int ra_window(struct read_req *rq, const struct ra_plan *p,
 	      unsigned long demand_first, unsigned long demand_last);
 void ra_finish(struct read_req *rq);

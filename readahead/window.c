@@ -147,6 +147,8 @@ static int window_read(struct read_req *rq, unsigned long first,
 		f->group = rq->group;
 		if (!demand)
 			folio_set(f, FOLIO_SPECULATIVE);
+		if (!demand && rq->readaround)
+			folio_set(f, FOLIO_READAROUND);
 		if (i == marker)
 			folio_set(f, FOLIO_READAHEAD);
 		if (folio_insert(m, f)) {
@@ -162,7 +164,10 @@ static int window_read(struct read_req *rq, unsigned long first,
 		free(p);
 		return ret;
 	}
-	if (spec_pages) {
+	if (spec_pages && rq->readaround) {
+		stat_inc(rq->group, STAT_READAROUND_WINDOWS);
+		stat_mod(rq->group, STAT_READAROUND_PAGES, (long)spec_pages);
+	} else if (spec_pages) {
 		stat_inc(rq->group, STAT_RA_WINDOWS);
 		stat_mod(rq->group, STAT_RA_PAGES, (long)spec_pages);
 	}
@@ -252,6 +257,14 @@ void ra_finish(struct read_req *rq)
 static int ra_sync(struct read_req *rq, unsigned long index,
 		   unsigned long last)
 {
+	if (rq->fault)
+		return readaround_sync(rq, index, last);
+	return ra_sync_read(rq, index, last);
+}
+
+/* page_cache_sync_ra() for a read(): the on-demand algorithm. */
+int ra_sync_read(struct read_req *rq, unsigned long index, unsigned long last)
+{
 	const struct mapping *m = rq->mapping;
 	uint64_t fpos = mapping_folio_pos(m, index);
 	uint64_t pos = rq->pos > fpos ? rq->pos : fpos;
@@ -301,11 +314,15 @@ static const struct cache_ra_ops ra_ops = {
 	.sync_ra = ra_sync,
 	.async_ra = ra_async,
 	.finish = ra_finish,
+	.folio_used = readaround_used,
+	.folio_unused = readaround_unused,
+	.mapping_gone = readaround_free,
 };
 
 int readahead_init(struct cache *c, const struct ra_config *cfg)
 {
 	ra_set_reclaim_mode(cfg->reclaim);
+	readaround_set_mode(cfg->readaround);
 	c->ra_ops = &ra_ops;
 	return 0;
 }

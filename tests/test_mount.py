@@ -440,6 +440,74 @@ def test_lockless():
                 time.sleep(0.05)
 
 
+def test_mmap():
+    """MAP_SHARED and MAP_PRIVATE mappings read every byte; faults and
+    read() are told apart (fails if the routing is reversed); random faults
+    are read around, and read-around pages get accounted."""
+    require_root_fuse()
+    import mmap
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(src)
+        data = text_bytes(6 << 20, 5)
+        with open(src + "/f", "wb") as f:
+            f.write(data)
+        pack(src, dst)
+        with Mount(dst, mnt, "budget=16M,ra_kb=512") as m:
+            fd = os.open(mnt + "/f", os.O_RDONLY)
+            try:
+                # read(): no page-cache fill
+                s0 = m.stat()
+                for off in range(0, len(data), 1 << 20):
+                    check(os.pread(fd, 1 << 20, off) == data[off:off + (1 << 20)], "pread")
+                s1 = m.stat()
+                check(s1["fault_fills"] == s0["fault_fills"], "read() taken for faults")
+                check(s1["readaround_windows"] == s0["readaround_windows"], "read() read around")
+                # a shared mapping, touched forward page by page
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                got = bytearray()
+                for off in range(0, len(data), 4096):
+                    got += mm[off:off + 4096]
+                check(bytes(got) == data, "MAP_SHARED content")
+                s2 = m.stat()
+                check(s2["fault_fills"] - s1["fault_fills"] >= len(data) // 4096 // 2,
+                      "faults not seen as page-cache fills")
+                check(s2["pgfault"] - s1["pgfault"] == s2["fault_fills"] - s1["fault_fills"],
+                      "faults taken for read()")
+                mm.close()
+                # a private mapping, random pages
+                mp = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+                rnd = random.Random(3)
+                for _ in range(500):
+                    off = rnd.randrange(0, len(data) - 100)
+                    check(mp[off:off + 100] == data[off:off + 100], "MAP_PRIVATE at %d" % off)
+                check(mp[:] == data, "MAP_PRIVATE content")
+                mp.close()
+            finally:
+                os.close(fd)
+        # random faults in a cold cache are read around
+        with Mount(dst, mnt, "budget=16M,ra_kb=512") as m:
+            fd = os.open(mnt + "/f", os.O_RDONLY)
+            try:
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                rnd = random.Random(4)
+                for _ in range(200):
+                    pg = rnd.randrange(len(data) // 4096)
+                    for k in range(4):  # a few neighbouring pages, like a record
+                        off = min(pg + k, len(data) // 4096 - 1) * 4096
+                        check(mm[off:off + 64] == data[off:off + 64], "random fault")
+                mm.close()
+            finally:
+                os.close(fd)
+            st = m.stat()
+            print("random faults: %d fills, %d read-around windows, %d pages, %d used, "
+                  "window %d pages" % (st["fault_fills"], st["readaround_windows"],
+                                       st["readaround_pages"],
+                                       st["readaround_used"], st["readaround_window_pages"]))
+            check(st["readaround_windows"] > 0, "no read-around for random faults")
+            check(st["ra_windows"] + st["readaround_windows"] > 0, "no readahead at all")
+
+
 READER = """
 import os, random, sys, time
 mnt, names, seconds, seed = sys.argv[1], sys.argv[2].split(","), float(sys.argv[3]), int(sys.argv[4])

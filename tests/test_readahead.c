@@ -319,6 +319,56 @@ static void test_charge_skips_cached(void)
 	env_close(&e);
 }
 
+/* Read-around sizing: grows while used, shrinks and stops, recovers. */
+static void test_readaround_sizing(void)
+{
+	struct readaround_state s;
+	struct ra_plan p;
+
+	readaround_init_state(&s, 32, 1024);
+	CHECK_EQ(s.window, 32);
+	CHECK(readaround_plan(&s, 1000, 1, &p));
+	CHECK_EQ(p.start, 1000 - 16);
+	CHECK_EQ(p.size, 32);
+	CHECK_EQ(p.async_size, 0); /* no marker in a small window */
+	/* used: x2 each time half a window's worth is used, up to ra_pages */
+	readaround_feedback(&s, true, 32);
+	CHECK_EQ(s.window, 64);
+	readaround_feedback(&s, true, 32);
+	CHECK_EQ(s.window, 128);
+	for (int i = 0; i < 6; i++) /* 2 at 128 pages, 4 at 256 */
+		readaround_feedback(&s, true, 32);
+	CHECK_EQ(s.window, 512);
+	for (int i = 0; i < 40; i++)
+		readaround_feedback(&s, true, 32);
+	CHECK_EQ(s.window, 1024);
+	CHECK(readaround_plan(&s, 5000, 1, &p));
+	CHECK_EQ(p.start, 5000 - 512);
+	CHECK_EQ(p.size, 1024);
+	CHECK_EQ(p.async_size, 256); /* the kernel's marker, 1/4 from the end */
+	CHECK(readaround_plan(&s, 100, 1, &p));
+	CHECK_EQ(p.start, 0); /* clamped at the start of the file */
+	/* unused: /2 each time half a window's worth is evicted unread */
+	for (int i = 0; i < 16; i++)
+		readaround_feedback(&s, false, 32);
+	CHECK_EQ(s.window, 512);
+	for (int i = 0; i < 100; i++)
+		readaround_feedback(&s, false, 32);
+	CHECK_EQ(s.window, 32);
+	/* 100 unused in a row: stopped, but for a probe now and then */
+	int plans = 0;
+
+	for (int i = 0; i < 64; i++)
+		plans += readaround_plan(&s, 1000, 1, &p);
+	CHECK_EQ(plans, 4);
+	/* one used read-around folio and it reads around again */
+	readaround_feedback(&s, true, 32);
+	CHECK(readaround_plan(&s, 1000, 1, &p));
+	CHECK(s.window >= 32);
+	readaround_feedback(&s, true, 32);
+	CHECK(s.window >= 64);
+}
+
 int main(void)
 {
 	cache_thread_register();
@@ -331,6 +381,7 @@ int main(void)
 	RUN(test_charge_per_folio_vs_batch);
 	RUN(test_charge_batch_stops_early);
 	RUN(test_charge_skips_cached);
+	RUN(test_readaround_sizing);
 	cache_thread_unregister();
 	read_at_done();
 	return check_done();

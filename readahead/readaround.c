@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Read-around for mmap faults, sized by whether its pages get used.
+ *
+ * The kernel reads ra_pages around every mmap fault that misses (4 MiB on
+ * btrfs) and backs off only when its miss counter passes MMAP_LOTSAMISS;
+ * that counter counts hits at fault time, up to 16 per fault and again for
+ * every process mapping the page, so it almost never backs off, and on
+ * production hosts 77% of read-around pages are never mapped (seed 000).
+ *
+ * zfolio sees both ends: what it read around, and what reclaim evicts
+ * unread.  So each file keeps a read-around window that starts at one
+ * frame and
+ *   - doubles (up to ra_pages) once half a window's worth of read-around
+ *     folios has been used (read before eviction),
+ *   - halves (down to one frame) once half a window's worth was evicted
+ *     unused,
+ *   - stops after READAROUND_LOTSAMISS unused folios in a row: faults then
+ *     read just their folio, with a small probe now and then, until a
+ *     read-around folio is used again.
+ * The window is centred on the fault.  From four frames up it carries the
+ * kernel's marker a quarter from its end, so faults that walk forward
+ * start asynchronous windows that ramp up as read()'s do; and a fault just
+ * past the last window is a stream and gets the on-demand algorithm.
+ *
+ * The state is per file (per mapping), not per open file: a page mapped by
+ * many processes is one page, used or not.
+ */
+#include <stdlib.h>
+
+#include "readahead.h"
+
+static enum readaround_mode mode = READAROUND_ADAPTIVE;
+
+/* a probe every PROBE_EVERY misses while stopped */
+#define PROBE_EVERY 16
+
+void readaround_set_mode(enum readaround_mode m)
+{
+	mode = m;
+}
+
+void readaround_init_state(struct readaround_state *s, unsigned long min,
+			   unsigned long max)
+{
+	pthread_mutex_init(&s->lock, NULL);
+	s->min = min ? min : 1;
+	s->max = max > s->min ? max : s->min;
+	s->window = s->min;
+	s->used = s->unused = s->unused_streak = 0;
+	s->probes = 0;
+}
+
+/* One read-around folio's fate: used before eviction, or not. */
+void readaround_feedback(struct readaround_state *s, bool used,
+			 unsigned long folio_pages)
+{
+	pthread_mutex_lock(&s->lock);
+	if (used) {
+		s->unused_streak = 0;
+		if (++s->used * folio_pages * 2 >= s->window) {
+			s->window = s->window * 2 < s->max ? s->window * 2
+							   : s->max;
+			s->used = s->unused = 0;
+		}
+	} else {
+		if (s->unused_streak < 10 * READAROUND_LOTSAMISS)
+			s->unused_streak++;
+		if (++s->unused * folio_pages * 2 >= s->window) {
+			s->window = s->window / 2 > s->min ? s->window / 2
+							   : s->min;
+			s->used = s->unused = 0;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* The window around page pg; false: stopped, read just the request. */
+bool readaround_plan(struct readaround_state *s, unsigned long pg,
+		     unsigned long req, struct ra_plan *p)
+{
+	unsigned long size;
+
+	pthread_mutex_lock(&s->lock);
+	size = s->window;
+	if (s->unused_streak >= READAROUND_LOTSAMISS) {
+		if (++s->probes % PROBE_EVERY) {
+			pthread_mutex_unlock(&s->lock);
+			return false;
+		}
+		size = s->min; /* a probe: is anything used again? */
+	}
+	pthread_mutex_unlock(&s->lock);
+	p->start = pg > size / 2 ? pg - size / 2 : 0;
+	p->size = size;
+	if (p->start + p->size < pg + req)
+		p->size = pg + req - p->start;
+	/* the kernel's marker, a quarter from the end, for big windows */
+	p->async_size = size >= 4 * s->min ? size / 4 : 0;
+	return true;
+}
+
+static struct readaround_state *state_of(struct mapping *m,
+					 unsigned long index,
+					 unsigned long ra_pages)
+{
+	struct readaround_state *s = atomic_load(&m->ra_private), *mine;
+	void *expected = NULL;
+
+	if (s)
+		return s;
+	mine = malloc(sizeof(*mine));
+	if (!mine)
+		return NULL;
+	readaround_init_state(mine, mapping_folio_pages(m, index), ra_pages);
+	if (!atomic_compare_exchange_strong(&m->ra_private, &expected, mine)) {
+		free(mine);
+		return expected;
+	}
+	return mine;
+}
+
+static bool walked_off_window(struct file_ra_state *ra, unsigned long pg)
+{
+	bool yes;
+
+	pthread_mutex_lock(&ra->lock);
+	yes = ra->size && pg == ra->start + ra->size;
+	pthread_mutex_unlock(&ra->lock);
+	return yes;
+}
+
+/* A page-cache fill missed: read around it (do_sync_mmap_readahead). */
+int readaround_sync(struct read_req *rq, unsigned long index,
+		    unsigned long last)
+{
+	struct mapping *m = rq->mapping;
+	uint64_t fpos = mapping_folio_pos(m, index);
+	uint64_t pos = rq->pos > fpos ? rq->pos : fpos;
+	uint64_t end = rq->pos + rq->len < m->size ? rq->pos + rq->len
+						   : m->size;
+	unsigned long pg = (unsigned long)(pos >> ZF_PAGE_SHIFT);
+	unsigned long req = (unsigned long)((end + ZF_PAGE_SIZE - 1) >>
+					    ZF_PAGE_SHIFT) - pg;
+	unsigned long ra_pages = rq->ra ? rq->ra->ra_pages : RA_DEFAULT_PAGES;
+	struct readaround_state *s;
+	struct ra_plan p = {pg, req ? req : 1, 0};
+	int r;
+
+	if (rq->ra && walked_off_window(rq->ra, pg))
+		return ra_sync_read(rq, index, last); /* a stream */
+	if (mode == READAROUND_FIXED && ra_pages) {
+		p.start = pg > ra_pages / 2 ? pg - ra_pages / 2 : 0;
+		p.size = ra_pages;
+		p.async_size = ra_pages / 4;
+	} else if (mode == READAROUND_ADAPTIVE && ra_pages) {
+		s = state_of(m, index, ra_pages);
+		if (!s || !readaround_plan(s, pg, p.size, &p)) {
+			stat_inc(rq->group, STAT_READAROUND_STOPPED);
+			p = (struct ra_plan){pg, req ? req : 1, 0};
+		}
+	}
+	/*
+	 * Like the kernel, read-around sets the file's window, whole folios:
+	 * its marker is then "ours", and a fault just past it is a stream.
+	 */
+	if (rq->ra) {
+		unsigned long f0 = mapping_index(m, (uint64_t)p.start
+							    << ZF_PAGE_SHIFT);
+		unsigned long f1 = mapping_index(
+			m, ((uint64_t)(p.start + p.size) << ZF_PAGE_SHIFT) - 1);
+		uint64_t e = mapping_folio_pos(m, f1) + mapping_folio_len(m, f1);
+
+		pthread_mutex_lock(&rq->ra->lock);
+		rq->ra->start = (unsigned long)(mapping_folio_pos(m, f0) >>
+						ZF_PAGE_SHIFT);
+		rq->ra->size = (unsigned long)((e + ZF_PAGE_SIZE - 1) >>
+					       ZF_PAGE_SHIFT) -
+			       rq->ra->start;
+		rq->ra->async_size = p.async_size < rq->ra->size
+					     ? p.async_size
+					     : rq->ra->size;
+		pthread_mutex_unlock(&rq->ra->lock);
+	}
+	rq->readaround = true;
+	r = ra_window(rq, &p, index, last);
+	rq->readaround = false;
+	return r;
+}
+
+void readaround_used(struct folio *f)
+{
+	struct readaround_state *s = atomic_load(&f->mapping->ra_private);
+
+	if (s)
+		readaround_feedback(s, true, f->nr_pages);
+}
+
+void readaround_unused(struct folio *f)
+{
+	struct readaround_state *s = atomic_load(&f->mapping->ra_private);
+
+	if (s)
+		readaround_feedback(s, false, f->nr_pages);
+}
+
+void readaround_free(struct mapping *m)
+{
+	struct readaround_state *s = atomic_exchange(&m->ra_private, NULL);
+
+	if (s) {
+		pthread_mutex_destroy(&s->lock);
+		free(s);
+	}
+}
