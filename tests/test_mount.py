@@ -124,8 +124,9 @@ def test_basic():
             print("sequential read: ra_windows +%d, ra_pages +%d" % (ra1["ra_windows"] - ra0["ra_windows"], ra1["ra_pages"] - ra0["ra_pages"]))
             # 1 MiB requests: windows of a request's size run ahead of it
             check(ra1["ra_windows"] - ra0["ra_windows"] >= 5, "readahead windows")
-            check(ra1["ra_pages"] - ra0["ra_pages"] >= (12 << 20) // 4096 // 2,
-                  "most of the file was read ahead")
+            # (a 4 MiB budget: windows may stop early, so not all of it)
+            check(ra1["ra_pages"] - ra0["ra_pages"] >= (12 << 20) // 4096 // 4,
+                  "a good part of the file was read ahead")
             check(ra1["ra_hits"] > ra0["ra_hits"], "readahead hits")
             # write-like operations: EROFS
             expect_errno(lambda: os.open(mnt + "/a/notes.txt", os.O_WRONLY), errno.EROFS, "open for write")
