@@ -2,13 +2,18 @@
 /*
  * zfolio-reader: one reader process of the seed's experiment.
  *
- *   zfolio-reader FILE cold|seq SECONDS SEED [pread|mmap]
+ *   zfolio-reader FILE cold|seq|random SECONDS SEED [pread|mmap]
  *
- * cold: 64 consecutive pages from a random start, repeated.
- * seq:  4096 consecutive pages from a random start, repeated.
+ * cold:   64 consecutive pages from a random start, repeated.
+ * seq:    4096 consecutive pages from a random start, repeated.
+ * random: one page at a random offset, repeated.
+ * extents: one page in each 128 KiB extent, the extents in random order,
+ *         until every one was read once: cold random reads (every read
+ *         needs a different compressed frame).
  * Each page is one 4 KiB pread, or one touched byte of a read-only shared
  * mapping (a private one where the filesystem refuses shared mappings).
- * Prints the pages read and the pages read in each second.
+ * Prints the pages read, the pages read in each second, and this process's
+ * major and minor page faults.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,6 +36,50 @@ static double now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int read_extents(const char *path, long seconds, uint64_t seed)
+{
+	const uint64_t ext = 128 << 10;
+	unsigned char buf[PAGE];
+	struct stat st;
+	uint64_t n, *order, done = 0;
+	double t0, dt;
+	int fd = open(path, O_RDONLY);
+
+	if (fd < 0 || fstat(fd, &st))
+		return 1;
+	n = (uint64_t)st.st_size / ext;
+	order = malloc((n ? n : 1) * sizeof(*order));
+	if (!order)
+		return 1;
+	for (uint64_t i = 0; i < n; i++)
+		order[i] = i;
+	for (uint64_t i = n; i > 1; i--) { /* Fisher-Yates */
+		uint64_t j;
+
+		seed ^= seed << 13;
+		seed ^= seed >> 7;
+		seed ^= seed << 17;
+		j = seed % i;
+		uint64_t t = order[i - 1];
+		order[i - 1] = order[j];
+		order[j] = t;
+	}
+	t0 = now();
+	for (; done < n; done++) {
+		uint64_t off = order[done] * ext + (seed >> 20) % (ext / PAGE) *
+							   PAGE;
+
+		if (pread(fd, buf, PAGE, (off_t)off) != PAGE)
+			return 1;
+		if ((done & 63) == 0 && now() - t0 >= (double)seconds)
+			break;
+	}
+	dt = now() - t0;
+	printf("pages %llu\nseconds %.3f\n", (unsigned long long)done, dt);
+	free(order);
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -49,12 +99,16 @@ int main(int argc, char **argv)
 				"SEED [pread|mmap]\n");
 		return 2;
 	}
-	burst = strcmp(argv[2], "seq") == 0 ? 4096 : 64;
+	burst = strcmp(argv[2], "seq") == 0	     ? 4096
+		: strcmp(argv[2], "random") == 0 ? 1
+						 : 64;
 	seconds = atol(argv[3]);
 	seed = strtoull(argv[4], NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
 	mmap_mode = argc > 5 && strcmp(argv[5], "mmap") == 0;
 	if (seconds < 1 || seconds > MAX_SECONDS)
 		return 2;
+	if (strcmp(argv[2], "extents") == 0)
+		return read_extents(argv[1], seconds, seed);
 	fd = open(argv[1], O_RDONLY);
 	if (fd < 0 || fstat(fd, &st)) {
 		fprintf(stderr, "zfolio-reader: %s: %s\n", argv[1],
@@ -105,9 +159,16 @@ int main(int argc, char **argv)
 					break;
 				per_second[(long)(t - t0)] += (i & 15) + 1;
 			}
+
 		}
 	}
-	printf("pages %llu\nper_second", (unsigned long long)pages);
+	{
+		struct rusage ru;
+
+		getrusage(RUSAGE_SELF, &ru);
+		printf("pages %llu\nmajflt %ld\nminflt %ld\nper_second",
+		       (unsigned long long)pages, ru.ru_majflt, ru.ru_minflt);
+	}
 	for (long s = 0; s < seconds; s++)
 		printf(" %ld", per_second[s]);
 	printf("\n");

@@ -15,13 +15,24 @@
  * and verifies its checksum.  A frame that fails to decode or verify is
  * -EBADMSG, and EIO for the reader of that range only.  Without a ring
  * (a thread that is not a worker), the reads are plain preads.
+ *
+ * Backing reads are uncached (RWF_DONTCACHE) unless backing_cache=keep:
+ * the compressed bytes are decoded once into a folio and not needed again,
+ * and kept in the kernel's page cache they would be memory outside the
+ * budget (and, in a memory cgroup, charged to the daemon).  A filesystem
+ * or kernel without the flag gets plain reads, from the first refusal on.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "internal.h"
+
+#ifndef RWF_DONTCACHE
+#define RWF_DONTCACHE 0x00000080 /* Linux 6.14: read, then drop the pages */
+#endif
 
 __thread struct worker *current_worker;
 
@@ -129,6 +140,7 @@ struct run {
 	uint8_t *dst;
 	int res;   /* bytes read, or -errno */
 	bool done;
+	bool dontcache;
 };
 
 /* The compressed bytes of a batch, read in as few reads as it takes. */
@@ -144,7 +156,29 @@ struct batch_io {
 
 static ssize_t fd_read(struct zfile *f, void *buf, size_t len, uint64_t off)
 {
-	return zseek_pread_fd(&f->fd, buf, len, off);
+	size_t done = 0;
+
+	while (done < len) {
+		struct iovec v = {(char *)buf + done, len - done};
+		int flags = atomic_load_explicit(&f->dontcache,
+						 memory_order_relaxed)
+				    ? RWF_DONTCACHE
+				    : 0;
+		ssize_t n = preadv2(f->fd, &v, 1, (off_t)(off + done), flags);
+
+		if (n < 0 && flags && (errno == EOPNOTSUPP || errno == EINVAL)) {
+			atomic_store(&f->dontcache, false);
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			break;
+		done += (size_t)n;
+	}
+	return (ssize_t)done;
 }
 
 /* Raw files: the folio's bytes are the file's; read them straight in. */
@@ -200,6 +234,10 @@ static void queue_run(struct zfile *f, struct io_uring *ring, struct run *r)
 	if (sqe) {
 		io_uring_prep_read(sqe, f->fd, r->dst, (unsigned int)r->len,
 				   r->off);
+		r->dontcache = atomic_load_explicit(&f->dontcache,
+						    memory_order_relaxed);
+		if (r->dontcache)
+			sqe->rw_flags = RWF_DONTCACHE;
 		io_uring_sqe_set_data(sqe, r);
 		return;
 	}
@@ -275,6 +313,12 @@ static int run_wait(struct zfile *f, struct batch_io *io, struct run *r)
 {
 	while (!r->done)
 		reap_one(io->ring);
+	if (r->res < 0 && r->dontcache &&
+	    (r->res == -EOPNOTSUPP || r->res == -EINVAL)) {
+		/* uncached reads refused here: plain reads from now on */
+		atomic_store(&f->dontcache, false);
+		r->res = 0;
+	}
 	if (r->res < 0)
 		return r->res;
 	if ((uint64_t)r->res < r->len) {

@@ -356,6 +356,7 @@ static int zfile_open(struct dataset *ds, struct znode *n, struct zfile **out)
 	if (!f)
 		return -ENOMEM;
 	f->decode = n->decode;
+	atomic_init(&f->dontcache, ds->opt->backing_cache == BACKING_DROP);
 	f->fd = dataset_open_backing(ds, n->path, O_RDONLY);
 	if (f->fd < 0) {
 		r = f->fd;

@@ -19,6 +19,7 @@
 #include "fs.h"
 
 enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
+enum backing_cache { BACKING_DROP, BACKING_KEEP };
 #define KERNEL_RA_AUTO UINT32_MAX
 
 /* Mount options: declared once in mount.c's table. */
@@ -34,6 +35,7 @@ struct options {
 	unsigned int kernel_ra_kb; /* KERNEL_RA_AUTO: 4 with cache=engine */
 	enum readaround_mode readaround;
 	enum cache_mode cache;
+	enum backing_cache backing_cache;
 	enum ra_reclaim_mode ra_reclaim;
 	enum group_by group_by;
 	bool lockless;
@@ -58,6 +60,7 @@ enum znode_kind {
  */
 struct zfile {
 	int fd;
+	atomic_bool dontcache; /* backing reads with RWF_DONTCACHE */
 	struct zseek_index idx;
 	bool decode;
 	struct stat st; /* the backing file when it was indexed */

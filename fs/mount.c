@@ -44,6 +44,7 @@ static const char *const reclaim_modes[] = {"batch", "per_folio", NULL};
 static const char *const group_modes[] = {"none", "uid", "cgroup", NULL};
 static const char *const readaround_modes[] = {"adaptive", "fixed", "off",
 					       NULL};
+static const char *const backing_modes[] = {"drop", "keep", NULL};
 
 #define OFF(f) offsetof(struct options, f)
 static const struct opt_desc opt_table[] = {
@@ -58,6 +59,9 @@ static const struct opt_desc opt_table[] = {
 	{"cache", OPT_ENUM, OFF(cache), "engine",
 	 "engine: zfolio's cache only (direct_io); kernel: page cache in front",
 	 cache_modes, 0, 0},
+	{"backing_cache", OPT_ENUM, OFF(backing_cache), "drop",
+	 "drop: read the backing files uncached; keep: let the kernel cache "
+	 "them", backing_modes, 0, 0},
 	{"ra_kb", OPT_UINT, OFF(ra_kb), "128",
 	 "largest readahead window in KiB (btrfs uses 4096)", NULL, 0,
 	 64 << 10},
