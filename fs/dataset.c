@@ -367,6 +367,12 @@ static int zfile_open(struct dataset *ds, struct znode *n, struct zfile **out)
 		r = -EIO;
 		goto fail;
 	}
+	/*
+	 * zfolio reads whole windows of frames itself: the kernel's readahead
+	 * of the backing file would only bring pages it does not want, into a
+	 * page cache outside the budget.
+	 */
+	posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM);
 	r = zseek_index_build(zseek_pread_fd, &f->fd, (uint64_t)f->st.st_size,
 			      f->decode, &f->idx, err, sizeof(err));
 	if (r) {
