@@ -101,6 +101,15 @@ int cache_bounce_folio(struct read_req *rq, unsigned long index,
 	return 0;
 }
 
+/* Errors below (EBADMSG for a damaged frame, ...) reach readers as EIO. */
+static int read_bounce(struct read_req *rq, unsigned long index,
+		       struct folio **out)
+{
+	int err = cache_bounce_folio(rq, index, out);
+
+	return err == -ENOMEM || !err ? err : -EIO;
+}
+
 static bool folio_lockless_ok(const struct folio *f)
 {
 	const unsigned int need = 1u << FOLIO_HOT | 1u << FOLIO_UPTODATE |
@@ -130,15 +139,15 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 		f = folio_lookup(m, index);
 		if (!f) {
 			if (tried_ra || !c->ra_ops)
-				return cache_bounce_folio(rq, index, out);
+				return read_bounce(rq, index, out);
 			stat_inc(rq->group, STAT_CACHE_MISSES);
 			tried_ra = true;
 			rq->waited_io = true; /* a major fault: it reads */
 			err = c->ra_ops->sync_ra(rq, index, last);
 			if (err == -ENOMEM) /* no room even after reclaim */
-				return cache_bounce_folio(rq, index, out);
+				return read_bounce(rq, index, out);
 			if (err)
-				return err;
+				return -EIO; /* the backing read or its frame */
 			continue;
 		}
 		if (!tried_ra)

@@ -23,6 +23,7 @@
  * or kernel without the flag gets plain reads, from the first refusal on.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -36,10 +37,48 @@
 
 __thread struct worker *current_worker;
 
+/*
+ * A test hook: ZFOLIO_TEST_FAULT=eio:N or short:N makes every Nth backing
+ * read of file data fail with EIO, or return half of what it asked for.
+ * The mount tests use it to check that an EIO stays in its range and that
+ * short reads are completed, on the real read path (io_uring included).
+ */
+static enum { FAULT_NONE, FAULT_EIO, FAULT_SHORT } fault_mode;
+static unsigned int fault_every;
+static atomic_uint fault_count;
+
+void backing_faults_from_env(void)
+{
+	const char *s = getenv("ZFOLIO_TEST_FAULT");
+	unsigned int n;
+
+	if (!s)
+		return;
+	if (sscanf(s, "eio:%u", &n) == 1 && n)
+		fault_mode = FAULT_EIO;
+	else if (sscanf(s, "short:%u", &n) == 1 && n)
+		fault_mode = FAULT_SHORT;
+	else
+		return;
+	fault_every = n;
+	fprintf(stderr, "zfolio: test hook: %s\n", s);
+}
+
+/* What a backing read of len bytes that got res returns under the hook. */
+static long fault_apply(long res, uint64_t len)
+{
+	if (fault_mode == FAULT_NONE || res <= 0 ||
+	    (atomic_fetch_add(&fault_count, 1) + 1) % fault_every)
+		return res;
+	if (fault_mode == FAULT_EIO)
+		return -EIO;
+	return len / 2 ? (long)(len / 2) : res;
+}
+
 /* Reads in flight per worker: windows of up to 32 frames, a few pending. */
 #define RING_DEPTH 256
 
-struct worker *worker_create(int id)
+struct worker *worker_create(int id, bool ring)
 {
 	struct worker *w = calloc(1, sizeof(*w));
 
@@ -51,8 +90,8 @@ struct worker *worker_create(int id)
 		free(w);
 		return NULL;
 	}
-	/* no ring (old kernel, seccomp): fall back to pread */
-	w->ring_ok = io_uring_queue_init(RING_DEPTH, &w->ring, 0) == 0;
+	/* no ring (backing_io=pread, old kernel, seccomp): pread instead */
+	w->ring_ok = ring && io_uring_queue_init(RING_DEPTH, &w->ring, 0) == 0;
 	return w;
 }
 
@@ -174,6 +213,9 @@ static ssize_t fd_read(struct zfile *f, void *buf, size_t len, uint64_t off)
 			continue;
 		if (n < 0)
 			return -errno;
+		n = fault_apply(n, len - done);
+		if (n < 0)
+			return n;
 		if (n == 0)
 			break;
 		done += (size_t)n;
@@ -216,7 +258,7 @@ static void reap_one(struct io_uring *ring)
 	while (io_uring_wait_cqe(ring, &cqe) == -EINTR)
 		;
 	r = io_uring_cqe_get_data(cqe);
-	r->res = cqe->res;
+	r->res = (int)fault_apply(cqe->res, r->len);
 	r->done = true;
 	io_uring_cqe_seen(ring, cqe);
 }

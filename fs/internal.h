@@ -20,6 +20,7 @@
 
 enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
 enum backing_cache { BACKING_DROP, BACKING_KEEP };
+enum backing_io { BACKING_URING, BACKING_PREAD };
 #define KERNEL_RA_AUTO UINT32_MAX
 
 /* Mount options: declared once in mount.c's table. */
@@ -36,6 +37,7 @@ struct options {
 	enum readaround_mode readaround;
 	enum cache_mode cache;
 	enum backing_cache backing_cache;
+	enum backing_io backing_io;
 	enum ra_reclaim_mode ra_reclaim;
 	enum group_by group_by;
 	bool lockless;
@@ -126,7 +128,7 @@ struct worker {
 	struct read_req rq;
 };
 extern __thread struct worker *current_worker;
-struct worker *worker_create(int id);
+struct worker *worker_create(int id, bool ring);
 void worker_destroy(struct worker *w);
 
 /* dataset.c */
@@ -159,6 +161,7 @@ struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
 
 /* backing.c */
 extern const struct mapping_ops zfile_mapping_ops;
+void backing_faults_from_env(void);
 int zfile_build_geometry(struct zfile *f);
 
 /* ctl.c */

@@ -45,6 +45,7 @@ static const char *const group_modes[] = {"none", "uid", "cgroup", NULL};
 static const char *const readaround_modes[] = {"adaptive", "fixed", "off",
 					       NULL};
 static const char *const backing_modes[] = {"drop", "keep", NULL};
+static const char *const io_modes[] = {"uring", "pread", NULL};
 
 #define OFF(f) offsetof(struct options, f)
 static const struct opt_desc opt_table[] = {
@@ -62,6 +63,9 @@ static const struct opt_desc opt_table[] = {
 	{"backing_cache", OPT_ENUM, OFF(backing_cache), "drop",
 	 "drop: read the backing files uncached; keep: let the kernel cache "
 	 "them", backing_modes, 0, 0},
+	{"backing_io", OPT_ENUM, OFF(backing_io), "uring",
+	 "backing reads: io_uring batches per window, or pread (valgrind)",
+	 io_modes, 0, 0},
 	{"ra_kb", OPT_UINT, OFF(ra_kb), "128",
 	 "largest readahead window in KiB (btrfs uses 4096)", NULL, 0,
 	 64 << 10},
@@ -261,6 +265,7 @@ static int check_mountpoint(const char *mp)
 
 struct loop {
 	struct fuse_session *se;
+	bool ring;
 	sem_t done;
 	pthread_t *threads;
 	unsigned int n;
@@ -271,7 +276,7 @@ static void *worker_main(void *arg)
 	struct loop *lp = arg;
 	struct fuse_buf buf = {.mem = NULL};
 	static atomic_int ids;
-	struct worker *w = worker_create(atomic_fetch_add(&ids, 1));
+	struct worker *w = worker_create(atomic_fetch_add(&ids, 1), lp->ring);
 
 	if (!w) {
 		fuse_session_exit(lp->se);
@@ -415,6 +420,7 @@ int main(int argc, char **argv)
 	opt.foreground = fopts.foreground;
 	opt.mountpoint = fopts.mountpoint;
 	raise_fd_limit();
+	backing_faults_from_env();
 	/* folio buffers come and go: give big ones back to the system */
 	mallopt(M_MMAP_THRESHOLD, 64 << 10);
 	mallopt(M_TRIM_THRESHOLD, 1 << 20);
@@ -454,6 +460,7 @@ int main(int argc, char **argv)
 			progname);
 	fuse_daemonize(fopts.foreground);
 	lp.se = se;
+	lp.ring = opt.backing_io == BACKING_URING;
 	if (cache_start(&ds.cache) || loop_start(&lp, opt.threads)) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
 		fuse_session_unmount(se);

@@ -191,7 +191,11 @@ static int window_read(struct read_req *rq, unsigned long first,
 	for (unsigned int i = 0; i < nr; i++)
 		if (p->folios[i] &&
 		    in_demand(first + i, demand_first, demand_last)) {
-			cache_fill_batch(&p->b, i);
+			int err = cache_fill_batch(&p->b, i);
+
+			/* the folio the request waits for failed: say so */
+			if (err && first + i == demand_first)
+				ret = -EIO;
 			folio_put(p->folios[i]);
 			p->folios[i] = NULL;
 		}

@@ -99,20 +99,24 @@ def is_mounted(path):
 class Mount:
     """zfolio in the foreground as a child process; unmounted on exit."""
 
-    def __init__(self, dataset, mnt, opts="", extra=()):
+    def __init__(self, dataset, mnt, opts="", extra=(), env=None, expect_exit=0,
+                 wrapper=(), timeout=10):
         self.dataset, self.mnt, self.opts, self.extra = dataset, mnt, opts, extra
+        self.wrapper, self.timeout = list(wrapper), timeout
+        self.env, self.expect_exit = env, expect_exit
         self.proc = None
         self.log = None
 
     def __enter__(self):
         os.makedirs(self.mnt, exist_ok=True)
-        cmd = [ZFOLIO, self.dataset, self.mnt, "-f"]
+        cmd = self.wrapper + [ZFOLIO, self.dataset, self.mnt, "-f"]
         if self.opts:
             cmd += ["-o", self.opts]
         cmd += list(self.extra)
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
-        deadline = time.time() + 10
+        env = dict(os.environ, **self.env) if self.env else None
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env)
+        deadline = time.time() + self.timeout
         while not is_mounted(self.mnt):
             if self.proc.poll() is not None or time.time() > deadline:
                 self.log.seek(0)
@@ -153,7 +157,7 @@ class Mount:
             subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
         killed = False
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=30 + self.timeout)
         except subprocess.TimeoutExpired:
             killed = True
             self.proc.kill()
@@ -168,7 +172,9 @@ class Mount:
             for needle in SANITIZER_REPORTS:
                 check(needle not in out, "the daemon reported: " + out[-4000:])
             check(not killed, "the daemon did not exit after unmount")
-            check(code == 0, "the daemon exited with %d: %s" % (code, out[-2000:]))
+            if self.expect_exit is not None:
+                check(code == self.expect_exit,
+                      "the daemon exited with %d: %s" % (code, out[-2000:]))
         return False
 
 

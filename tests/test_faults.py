@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Nothing bad gets through: faults below (backing I/O, changed and corrupt
+files), faults above (signals, unmounts), and what the daemon must never do
+(follow links out of the dataset, open device nodes).
+
+    test_faults.py eio | short | corrupt | changed | signals | security | soak
+"""
+import errno
+import json
+import os
+import random
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zftest import *  # noqa: E402,F401,F403
+
+FRAME = 128 << 10
+
+
+def packed_file(d, size=40 * FRAME + 777, seed=1):
+    src, dst = d + "/src", d + "/dst"
+    os.makedirs(src)
+    data = text_bytes(size, seed)
+    with open(src + "/f", "wb") as f:
+        f.write(data)
+    pack(src, dst)
+    return data, dst
+
+
+def read_frames(path, data):
+    """Read each frame's range on its own: {frame: 'ok' | errno}."""
+    out = {}
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for i in range((len(data) + FRAME - 1) // FRAME):
+            off = i * FRAME
+            try:
+                got = os.pread(fd, FRAME, off)
+                check(got == data[off:off + FRAME], "frame %d: wrong bytes" % i)
+                out[i] = "ok"
+            except OSError as e:
+                out[i] = e.errno
+    finally:
+        os.close(fd)
+    return out
+
+
+def test_eio():
+    """Every 3rd backing read fails: those ranges are EIO, counted; every
+    byte that is returned is right; the mount and the rest keep working."""
+    require_root_fuse()
+    with tmpdir() as d:
+        data, dst = packed_file(d)
+        # ra_kb=0: one frame per read, so failures land on single frames
+        with Mount(dst, d + "/mnt", "budget=2M,ra_kb=0",
+                   env={"ZFOLIO_TEST_FAULT": "eio:3"}) as m:
+            res = read_frames(d + "/mnt/f", data)
+            bad = [i for i, r in res.items() if r != "ok"]
+            check(bad and all(res[i] == errno.EIO for i in bad), "errors: %s" % res)
+            check(len(bad) < len(res), "everything failed")
+            check(m.stat()["io_errors"] >= len(bad), "io_errors not counted")
+            # the failed ranges are not cached: read again, some now succeed
+            again = read_frames(d + "/mnt/f", data)
+            check(any(again[i] == "ok" for i in bad), "a failed frame stays failed")
+            print("%d of %d frames failed once, counted %d io_errors" % (
+                len(bad), len(res), m.stat()["io_errors"]))
+
+
+def test_short():
+    """Every 2nd backing read returns half: the rest is read, all bytes right."""
+    require_root_fuse()
+    with tmpdir() as d:
+        data, dst = packed_file(d)
+        with Mount(dst, d + "/mnt", "budget=2M", env={"ZFOLIO_TEST_FAULT": "short:2"}) as m:
+            with open(d + "/mnt/f", "rb") as f:
+                check(f.read() == data, "content with short backing reads")
+            res = read_frames(d + "/mnt/f", data)
+            check(all(r == "ok" for r in res.values()), "short reads became errors")
+            check(m.stat()["io_errors"] == 0, "io_errors for short reads")
+
+
+def frame_table(path):
+    """The seek table of a packed file: [(c_off, c_size, d_size, checksum)]."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n, desc, magic = struct.unpack("<IBI", blob[-9:])
+    check(magic == 0x8F92EAB1 and desc & 0x80, "not a seekable file with checksums")
+    tab = blob[-9 - 12 * n:-9]
+    out, off = [], 0
+    for i in range(n):
+        cs, ds, ck = struct.unpack("<III", tab[12 * i:12 * i + 12])
+        out.append((off, cs, ds, ck))
+        off += cs
+    return out, len(blob) - 9 - 12 * n
+
+
+def test_corrupt():
+    """A corrupted frame and a checksum mismatch: EIO for those ranges only,
+    counted in memory.stat; the rest of the file reads."""
+    require_root_fuse()
+    with tmpdir() as d:
+        data, dst = packed_file(d)
+        z = dst + "/f.zst"
+        frames, tab_off = frame_table(z)
+        with open(z, "r+b") as f:
+            c_off, c_size = frames[3][0], frames[3][1]
+            f.seek(c_off + c_size // 2)
+            b = f.read(1)
+            f.seek(c_off + c_size // 2)
+            f.write(bytes([b[0] ^ 0x5A]))
+            # frame 7's checksum in the table (4th field of its entry)
+            f.seek(tab_off + 12 * 7 + 8)
+            ck = struct.unpack("<I", f.read(4))[0]
+            f.seek(tab_off + 12 * 7 + 8)
+            f.write(struct.pack("<I", ck ^ 1))
+        with Mount(dst, d + "/mnt", "budget=8M") as m:
+            res = read_frames(d + "/mnt/f", data)
+            check(res[3] == errno.EIO and res[7] == errno.EIO, "damaged frames: %s" %
+                  {i: r for i, r in res.items() if r != "ok"})
+            check(all(r == "ok" for i, r in res.items() if i not in (3, 7)),
+                  "undamaged frames failed: %s" % res)
+            check(m.stat()["corrupt_frames"] >= 2, "corrupt_frames not counted")
+            # a sequential read stops with EIO at frame 3, after its bytes
+            with open(d + "/mnt/f", "rb") as f:
+                got = b""
+                try:
+                    while True:
+                        b = f.read(FRAME)
+                        if not b:
+                            break
+                        got += b
+                except OSError as e:
+                    check(e.errno == errno.EIO, "sequential read: %s" % e)
+                check(got == data[:len(got)] and len(got) <= 3 * FRAME, "bytes before EIO")
+        # a seek table that lies: a clear error at open, the mount lives on
+        with open(z, "r+b") as f:
+            f.seek(-9, 2)
+            f.write(struct.pack("<I", 0x7FFFFFFF))
+        with Mount(dst, d + "/mnt", "budget=8M") as m:
+            try:
+                open(d + "/mnt/f", "rb").read()
+                fail("a lying seek table opened")
+            except OSError as e:
+                check(e.errno == errno.EIO, "lying table: %s" % e)
+            check("seek table" in m.output(), "no message for the lying table")
+            check(os.listdir(d + "/mnt") == ["f"], "the mount died")
+
+
+def test_changed():
+    """A backing file replaced or truncated while mounted: re-indexed at the
+    next open, old folios dropped, no stale bytes; open handles keep theirs."""
+    require_root_fuse()
+    with tmpdir() as d:
+        old, dst = packed_file(d, 20 * FRAME + 5, 1)
+        new = text_bytes(13 * FRAME + 99, 2)
+        os.makedirs(d + "/src2")
+        with open(d + "/src2/f", "wb") as f:
+            f.write(new)
+        pack(d + "/src2", d + "/dst2")
+        with Mount(dst, d + "/mnt", "budget=32M") as m:
+            held = open(d + "/mnt/f", "rb")
+            check(held.read() == old, "old content")
+            # replace it (a new inode, as tools do), then open again
+            os.rename(d + "/dst2/f.zst", dst + "/f.zst.tmp")
+            os.rename(dst + "/f.zst.tmp", dst + "/f.zst")
+            time.sleep(1.2)  # the kernel's attribute cache (1 s)
+            check(os.stat(d + "/mnt/f").st_size == len(new), "size after replace")
+            with open(d + "/mnt/f", "rb") as f:
+                check(f.read() == new, "stale bytes after replace")
+            held.seek(0)
+            check(held.read() == old, "the open handle lost its file")
+            held.close()
+            # truncate it in place: the next open fails clearly, no stale bytes
+            with open(dst + "/f.zst", "r+b") as f:
+                f.truncate(5000)
+            time.sleep(1.2)
+            try:
+                with open(d + "/mnt/f", "rb") as f:
+                    got = f.read()
+                    check(got == new[:len(got)] and len(got) < len(new),
+                          "truncated file served stale bytes")
+            except OSError as e:
+                check(e.errno == errno.EIO, "truncated: %s" % e)
+
+
+def wait_for(pred, seconds, what):
+    t = time.time()
+    while not pred():
+        check(time.time() - t < seconds, "timed out: " + what)
+        time.sleep(0.05)
+
+
+def test_signals():
+    """SIGKILL during reads: readers get ECONNABORTED/ENOTCONN, none hangs,
+    fusermount3 -u cleans up.  SIGTERM and SIGINT: clean unmount, exit 0.
+    Unmounting with files open is refused (busy) and works once closed;
+    mounting on a mountpoint in use is refused."""
+    require_root_fuse()
+    with tmpdir() as d:
+        data, dst = packed_file(d, 200 * FRAME, 3)
+        mnt = d + "/mnt"
+        # SIGKILL with readers blocked in reads
+        m = Mount(dst, mnt, "budget=2M", expect_exit=None)
+        with m:
+            errs = []
+
+            def reader():
+                fd = os.open(mnt + "/f", os.O_RDONLY)
+                try:
+                    while True:
+                        os.pread(fd, 1 << 20, random.randrange(len(data)))
+                except OSError as e:
+                    errs.append(e.errno)
+                try:
+                    os.pread(fd, 10, 0)
+                except OSError as e:
+                    errs.append(e.errno)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+            ts = [threading.Thread(target=reader) for _ in range(3)]
+            for t in ts:
+                t.start()
+            time.sleep(0.5)
+            os.kill(m.pid, signal.SIGKILL)
+            for t in ts:
+                t.join(10)
+                check(not t.is_alive(), "a reader hangs after SIGKILL")
+            check(set(errs) <= {errno.ECONNABORTED, errno.ENOTCONN} and errs,
+                  "errors after SIGKILL: %s" % errs)
+            try:
+                os.stat(mnt + "/f")
+                fail("the dead mount answered")
+            except OSError as e:
+                check(e.errno == errno.ENOTCONN, "later calls: %s" % e)
+            r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
+            check(r.returncode == 0 and not is_mounted(mnt), "fusermount3 -u: " + r.stderr)
+        # SIGTERM and SIGINT: a clean unmount and exit status 0
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            m = Mount(dst, mnt, "budget=2M")
+            with m:
+                with open(mnt + "/f", "rb") as f:
+                    check(f.read(FRAME) == data[:FRAME], "read before signal")
+                m.proc.send_signal(sig)
+                check(m.proc.wait(10) == 0, "exit status after %s" % sig)
+                check(not is_mounted(mnt), "still mounted after %s" % sig)
+        # busy: unmount refused while a file is open, works once closed
+        with Mount(dst, mnt, "budget=2M") as m:
+            f = open(mnt + "/f", "rb")
+            r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
+            check(r.returncode != 0 and "busy" in r.stderr, "unmount with a file open: " +
+                  r.stderr)
+            check(f.read(100) == data[:100], "the open file after a refused unmount")
+            # a second mount on the same mountpoint is refused, one line
+            r = subprocess.run([ZFOLIO, dst, mnt], capture_output=True, text=True)
+            check(r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1,
+                  "mounting on a busy mountpoint: " + r.stderr)
+            f.close()
+        # lazy unmount with a file open: the daemon exits when it is closed
+        m = Mount(dst, mnt, "budget=2M")
+        with m:
+            f = open(mnt + "/f", "rb")
+            subprocess.run(["fusermount3", "-u", "-z", mnt], check=True)
+            check(f.read(100) == data[:100], "reads after a lazy unmount")
+            f.close()
+            wait_for(lambda: m.proc.poll() is not None, 10, "daemon exit after lazy unmount")
+            check(m.proc.returncode == 0, "exit status after lazy unmount")
+
+
+def test_security():
+    """Links are served as links and never followed by the daemon, even if
+    a directory becomes a link to /etc while mounted; device nodes and FIFOs
+    are served as their type and never opened; nosuid,nodev by default."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(src + "/a")
+        with open(src + "/a/inside", "w") as f:
+            f.write("inside\n")
+        os.symlink("/etc", src + "/etc_link")
+        os.symlink("../../../../../../../etc/passwd", src + "/a/up_link")
+        os.mkfifo(src + "/fifo")
+        os.mknod(src + "/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(src + "/a/inside", 0o4755)  # setuid: nosuid must hold
+        pack(src, dst)
+        with Mount(dst, mnt, "budget=4M") as m:
+            opts = [l.split() for l in open("/proc/self/mountinfo") if l.split()[4] == mnt][0]
+            check("nosuid" in opts[5] and "nodev" in opts[5], "mount options: " + opts[5])
+            check(os.readlink(mnt + "/etc_link") == "/etc", "etc_link")
+            check(os.readlink(mnt + "/a/up_link") == "../../../../../../../etc/passwd", "up_link")
+            check(stat.S_ISFIFO(os.lstat(mnt + "/fifo").st_mode), "fifo type")
+            st = os.lstat(mnt + "/null")
+            check(stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3), "device type")
+            try:  # nodev: the kernel refuses, the daemon is never asked
+                os.open(mnt + "/null", os.O_RDONLY)
+                fail("opened a device node through a nodev mount")
+            except OSError as e:
+                check(e.errno == errno.EACCES, "device open: %s" % e)
+            fd = os.open(mnt + "/fifo", os.O_RDONLY | os.O_NONBLOCK)  # the kernel's fifo
+            os.close(fd)
+            # swap a looked-up directory for a link to /etc behind the mount
+            check(open(mnt + "/a/inside").read() == "inside\n", "before the swap")
+            os.rename(dst + "/a", dst + "/a.real")
+            os.symlink("/etc", dst + "/a")
+            try:
+                with open(mnt + "/a/passwd") as f:
+                    leaked = f.read()
+                fail("served /etc/passwd through a swapped directory: %r" % leaked[:40])
+            except OSError as e:
+                check(e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EXDEV),
+                      "swapped directory: %s" % e)
+            check("passwd" not in str(os.listdir(mnt)), "listing")
+            out = m.output()
+        check("root:" not in out, "the daemon printed /etc content")
+
+
+def test_soak():
+    """4x-oversubscribed readers under a tight budget (ZF_SOAK_SECONDS, 30 by
+    default): every byte right, no budget overshoot, RSS flat."""
+    require_root_fuse()
+    seconds = float(os.environ.get("ZF_SOAK_SECONDS", "30"))
+    r = subprocess.run([os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                     "bench", "soak"), "--seconds", str(seconds),
+                        "--zfolio", ZFOLIO, "--mkzfolio", MKZFOLIO],
+                       capture_output=True, text=True)
+    print(r.stdout[-3000:])
+    check(r.returncode == 0, "soak failed: " + r.stdout[-2000:] + r.stderr[-2000:])
+
+
+def test_valgrind():
+    """valgrind memcheck is clean on a short mount: no invalid access, no
+    definite leak, exit status 0 after unmount."""
+    require_root_fuse()
+    import shutil
+    if not shutil.which("valgrind") or os.environ.get("ZF_SANITIZE", "none") != "none":
+        print("skipped: needs valgrind and a build without sanitizers", file=sys.stderr)
+        sys.exit(SKIP)
+    with tmpdir() as d:
+        data, dst = packed_file(d, 30 * FRAME + 3, 4)
+        vg = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full",
+              "--errors-for-leak-kinds=definite", "--show-leak-kinds=definite"]
+        # pread: valgrind cannot see io_uring fill buffers
+        with Mount(dst, d + "/mnt", "budget=2M,threads=2,backing_io=pread", wrapper=vg,
+                   timeout=60) as m:
+            with open(d + "/mnt/f", "rb") as f:
+                check(f.read() == data, "content under valgrind")
+            check(read_frames(d + "/mnt/f", data), "frames")
+            m.set("memory.reclaim", "1M")
+            check("file" in m.ctl("memory.stat"), "ctl under valgrind")
+
+
+if __name__ == "__main__":
+    tests = {n[5:]: f for n, f in globals().items() if n.startswith("test_")}
+    if len(sys.argv) != 2 or sys.argv[1] not in tests:
+        print("usage: test_faults.py " + "|".join(tests), file=sys.stderr)
+        sys.exit(2)
+    tests[sys.argv[1]]()
+    print("ok")
