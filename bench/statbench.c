@@ -50,8 +50,9 @@ static void *run(void *arg)
 			break;
 		case 1:
 			for (struct group *g = j->g; g; g = g->parent)
-				__atomic_fetch_add(&g->events[EV_HIGH], 1,
-						   __ATOMIC_RELAXED);
+				atomic_fetch_add_explicit(&g->events[EV_HIGH],
+							  1,
+							  memory_order_relaxed);
 			break;
 		case 2:
 			stat_read_all(j->g, v);

@@ -674,6 +674,8 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 		return -errno;
 	}
 	pthread_mutex_init(&ds->table_lock, NULL);
+	pthread_mutex_init(&ds->handles_lock, NULL);
+	CDS_INIT_LIST_HEAD(&ds->handles);
 	ds->table_size = 1024;
 	ds->table = calloc(ds->table_size, sizeof(*ds->table));
 	ds->root = znode_new(ZN_DIR, ".");
@@ -719,6 +721,8 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 
 void dataset_close(struct dataset *ds)
 {
+	if (ds->handles.next)
+		handles_free_all(ds);
 	if (ds->table)
 		free_all_nodes(ds);
 	while (ds->ctl_nodes) {

@@ -117,6 +117,8 @@ struct dataset {
 	uid_t owner;
 	struct fuse_session *se;
 	double attr_timeout;
+	pthread_mutex_t handles_lock;
+	struct cds_list_head handles; /* open handles, see ops.c */
 };
 
 /* The worker that serves the current request: one per thread. */
@@ -181,5 +183,6 @@ bool initio_mmap_granted(void);
 
 /* ops.c */
 extern const struct fuse_lowlevel_ops zfolio_ops;
+void handles_free_all(struct dataset *ds);
 
 #endif

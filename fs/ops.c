@@ -22,22 +22,75 @@ enum handle_kind { H_FILE, H_DIR, H_CTL };
 /* FUSE_READ_LOCKOWNER: a read() on a direct_io file carries it */
 #define READ_LOCKOWNER (1u << 1)
 
-struct dir_handle {
+/*
+ * Every handle starts with its kind and a link on the dataset's list of
+ * open handles: a lazily unmounted mount may end without the kernel
+ * sending their releases, and the daemon frees what is left at exit.
+ */
+struct handle_hdr {
 	enum handle_kind kind;
+	struct cds_list_head link;
+};
+
+struct dir_handle {
+	struct handle_hdr hdr;
 	struct dir_entry *e;
 	size_t n;
 };
 
 struct ctl_handle {
-	enum handle_kind kind;
+	struct handle_hdr hdr;
 	char *buf;
 	size_t len;
 };
 
 struct zfile_handle {
-	enum handle_kind kind;
+	struct handle_hdr hdr;
 	struct zhandle h;
 };
+
+static void handle_track(struct dataset *ds, struct handle_hdr *h,
+			 enum handle_kind kind)
+{
+	h->kind = kind;
+	pthread_mutex_lock(&ds->handles_lock);
+	cds_list_add(&h->link, &ds->handles);
+	pthread_mutex_unlock(&ds->handles_lock);
+}
+
+static void handle_free(struct dataset *ds, struct handle_hdr *h)
+{
+	pthread_mutex_lock(&ds->handles_lock);
+	cds_list_del(&h->link);
+	pthread_mutex_unlock(&ds->handles_lock);
+	switch (h->kind) {
+	case H_DIR: {
+		struct dir_handle *d = (struct dir_handle *)h;
+
+		dataset_list_free(d->e, d->n);
+		break;
+	}
+	case H_CTL:
+		free(((struct ctl_handle *)h)->buf);
+		break;
+	case H_FILE: {
+		struct zfile_handle *f = (struct zfile_handle *)h;
+
+		file_ra_destroy(&f->h.ra);
+		zfile_put(f->h.file);
+		break;
+	}
+	}
+	free(h);
+}
+
+/* At exit: the handles the kernel never released. */
+void handles_free_all(struct dataset *ds)
+{
+	while (!cds_list_empty(&ds->handles))
+		handle_free(ds, cds_list_entry(ds->handles.next,
+					       struct handle_hdr, link));
+}
 
 static struct dataset *ds_of(fuse_req_t req)
 {
@@ -160,13 +213,13 @@ static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	h->kind = H_DIR;
 	err = dataset_list(ds, znode_of(ds, ino), &h->e, &h->n);
 	if (err) {
 		free(h);
 		fuse_reply_err(req, -err);
 		return;
 	}
+	handle_track(ds, &h->hdr, H_DIR);
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->cache_readdir = !is_ctl(znode_of(ds, ino));
 	fuse_reply_open(req, fi);
@@ -244,8 +297,7 @@ static void zf_releasedir(fuse_req_t req, fuse_ino_t ino,
 	struct dir_handle *h = (struct dir_handle *)(uintptr_t)fi->fh;
 
 	(void)ino;
-	dataset_list_free(h->e, h->n);
-	free(h);
+	handle_free(ds_of(req), &h->hdr);
 	fuse_reply_err(req, 0);
 }
 
@@ -266,7 +318,6 @@ static void open_ctl(fuse_req_t req, struct dataset *ds, struct znode *n,
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	h->kind = H_CTL;
 	if (acc != O_RDONLY && !may_write_ctl(req, ds))
 		err = -EACCES;
 	else if (acc != O_WRONLY)
@@ -276,6 +327,7 @@ static void open_ctl(fuse_req_t req, struct dataset *ds, struct znode *n,
 		fuse_reply_err(req, -err);
 		return;
 	}
+	handle_track(ds, &h->hdr, H_CTL);
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->direct_io = 1;
 	fuse_reply_open(req, fi);
@@ -312,10 +364,10 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	h->kind = H_FILE;
 	h->h.node = n;
 	h->h.file = f;
 	file_ra_init(&h->h.ra, ds->opt->ra_kb / 4);
+	handle_track(ds, &h->hdr, H_FILE);
 	fi->fh = (uint64_t)(uintptr_t)h;
 	if (ds->opt->cache == CACHE_ENGINE)
 		fi->direct_io = 1;
@@ -375,7 +427,7 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	struct group *g;
 
 	(void)ino;
-	if (h->kind == H_CTL) {
+	if (h->hdr.kind == H_CTL) {
 		read_ctl(req, (struct ctl_handle *)h, size, off);
 		return;
 	}
@@ -418,16 +470,10 @@ static void zf_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
 static void zf_release(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
-	struct zfile_handle *h = (struct zfile_handle *)(uintptr_t)fi->fh;
+	struct handle_hdr *h = (struct handle_hdr *)(uintptr_t)fi->fh;
 
 	(void)ino;
-	if (h->kind == H_CTL) {
-		free(((struct ctl_handle *)h)->buf);
-	} else {
-		file_ra_destroy(&h->h.ra);
-		zfile_put(h->h.file);
-	}
-	free(h);
+	handle_free(ds_of(req), h);
 	fuse_reply_err(req, 0);
 }
 

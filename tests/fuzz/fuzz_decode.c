@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Fuzz decoding and verifying one frame, as a read of a damaged dataset
+ * would: [u32 content size][u32 checksum][frame bytes].  Both the one-shot
+ * decode and the streamed one (for frames served in sub-folios).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../fs/fs.h"
+
+#define MAX_CONTENT (1u << 20)
+
+struct mem {
+	const uint8_t *p;
+	size_t n;
+};
+
+static ssize_t rd(void *ctx, void *buf, size_t len, uint64_t off)
+{
+	struct mem *m = ctx;
+
+	if (off >= m->n)
+		return 0;
+	if (len > m->n - off)
+		len = m->n - (size_t)off;
+	memcpy(buf, m->p + off, len);
+	return (ssize_t)len;
+}
+
+static ZSTD_DCtx *dctx;
+static uint8_t *out;
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct zseek_frame fr = {0};
+	struct zseek_index idx = {0};
+	struct zseek_stream s;
+	struct mem m;
+	uint32_t d, ck;
+
+	if (size < 8)
+		return 0;
+	if (!dctx) {
+		dctx = ZSTD_createDCtx();
+		out = malloc(MAX_CONTENT);
+	}
+	memcpy(&d, data, 4);
+	memcpy(&ck, data + 4, 4);
+	fr.d_size = d % (MAX_CONTENT + 1);
+	fr.checksum = ck;
+	fr.c_off = 8;
+	fr.c_size = size - 8;
+	fr.sized = true;
+	(void)zseek_decode_frame(dctx, &fr, true, data + 8, out);
+	(void)zseek_decode_frame(dctx, &fr, false, data + 8, out);
+	/* streamed: a sub-folio from the middle, then from the start */
+	m = (struct mem){data, size};
+	idx.nframes = 1;
+	idx.frames = &fr;
+	if (zseek_stream_init(&s) == 0) {
+		if (fr.d_size >= 2)
+			(void)zseek_stream_read(&s, rd, &m, &idx, 0,
+						fr.d_size / 2,
+						out, fr.d_size - fr.d_size / 2);
+		(void)zseek_stream_read(&s, rd, &m, &idx, 0, 0, out,
+					fr.d_size);
+		zseek_stream_free(&s);
+	}
+	return 0;
+}
