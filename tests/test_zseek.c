@@ -10,22 +10,20 @@
 
 #include "../fs/fs.h"
 #include "check.h"
+#include "memread.h"
 
 struct membuf {
 	unsigned char *p;
 	size_t len, cap;
 };
 
-static ssize_t mem_read(void *ctx, void *buf, size_t len, uint64_t off)
+/* a growing buffer; it reads as a struct memfile (same first fields) */
+static ssize_t mem_read_buf(void *ctx, void *buf, size_t len, uint64_t off)
 {
-	struct membuf *m = ctx;
+	const struct membuf *m = ctx;
+	struct memfile f = {m->p, m->len};
 
-	if (off >= m->len)
-		return 0;
-	if (len > m->len - off)
-		len = m->len - (size_t)off;
-	memcpy(buf, m->p + off, len);
-	return (ssize_t)len;
+	return mem_read(&f, buf, len, off);
 }
 
 static void mb_put(struct membuf *m, const void *d, size_t n)
@@ -127,7 +125,7 @@ static void test_round_trip(void)
 
 			make_content(src, len, len * 31 + fi);
 			write_seekable(&m, src, len, frames[fi]);
-			CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true,
+			CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true,
 						   &idx, err, sizeof(err)),
 				 0);
 			CHECK_EQ(idx.kind, ZSEEK_SEEKABLE);
@@ -177,7 +175,7 @@ static void test_foreign_multiframe(void)
 			mb_put(&m, skip, sizeof(skip));
 		off += sizes[i];
 	}
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 0);
 	CHECK_EQ(idx.kind, ZSEEK_WALKED);
@@ -215,7 +213,7 @@ static void test_unsized_frame(void)
 	in.size = len;
 	CHECK_EQ(ZSTD_compressStream2(c, &out, &in, ZSTD_e_end), 0);
 	mb_put(&m, dst, out.pos);
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 0);
 	CHECK_EQ(idx.nframes, 1);
@@ -223,14 +221,14 @@ static void test_unsized_frame(void)
 	CHECK_EQ(idx.content_size, len);
 	CHECK_EQ(zseek_stream_init(&s), 0);
 	/* forward reads continue the stream; a backward read restarts */
-	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, 1000, got, 5000),
+	CHECK_EQ(zseek_stream_read(&s, mem_read_buf, &m, &idx, 0, 1000, got, 5000),
 		 0);
 	CHECK(memcmp(got, src + 1000, 5000) == 0);
-	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, 3 << 20, got,
+	CHECK_EQ(zseek_stream_read(&s, mem_read_buf, &m, &idx, 0, 3 << 20, got,
 				   len - (3 << 20)),
 		 0);
 	CHECK(memcmp(got, src + (3 << 20), len - (3 << 20)) == 0);
-	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, 0, got, 100), 0);
+	CHECK_EQ(zseek_stream_read(&s, mem_read_buf, &m, &idx, 0, 0, got, 100), 0);
 	CHECK(memcmp(got, src, 100) == 0);
 	zseek_stream_free(&s);
 	zseek_index_free(&idx);
@@ -273,7 +271,7 @@ static void test_truncated(void)
 		int r;
 
 		m.len = cut;
-		r = zseek_index_build(mem_read, &m, cut, true, &idx, err,
+		r = zseek_index_build(mem_read_buf, &m, cut, true, &idx, err,
 				      sizeof(err));
 		if (r) {
 			errors++;
@@ -302,23 +300,23 @@ static void test_lying_table(void)
 	/* a count far beyond the file: refused before any allocation */
 	n = (uint32_t)foot[0] | (uint32_t)foot[1] << 8;
 	put_le32(foot, 0x7fffffff);
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 -EBADMSG);
 	CHECK(strstr(err, "frames") != NULL);
 	put_le32(foot, 0xffffffff);
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 -EBADMSG);
 	/* one more frame than there is: header size no longer matches */
 	put_le32(foot, n + 1);
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 -EBADMSG);
 	put_le32(foot, n);
 	/* reserved descriptor bits */
 	foot[4] |= 0x04;
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 -EBADMSG);
 	foot[4] &= (unsigned char)~0x04;
@@ -328,17 +326,17 @@ static void test_lying_table(void)
 		uint32_t cs = (uint32_t)e[0] | (uint32_t)e[1] << 8;
 
 		put_le32(e, cs + 1);
-		CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx,
+		CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx,
 					   err, sizeof(err)),
 			 -EBADMSG);
 		put_le32(e, 0xffffff00);
-		CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx,
+		CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx,
 					   err, sizeof(err)),
 			 -EBADMSG);
 		put_le32(e, cs);
 		/* a content size over the limit */
 		put_le32(e + 4, ZSEEK_MAX_FRAME_CONTENT + 1);
-		CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx,
+		CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx,
 					   err, sizeof(err)),
 			 -EBADMSG);
 	}
@@ -354,7 +352,7 @@ static void test_corrupt_frame(void)
 	unsigned char got[50000];
 	ZSTD_DCtx *d = ZSTD_createDCtx();
 
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 0);
 	/* flip a byte in the middle of frame 3's compressed data */
@@ -389,10 +387,10 @@ static void test_not_zstd(void)
 	char err[128];
 
 	mb_put(&m, "plain text, not zstd at all\n", 28);
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 -EBADMSG);
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, false, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, false, &idx, err,
 				   sizeof(err)),
 		 0);
 	CHECK_EQ(idx.kind, ZSEEK_RAW);
@@ -400,7 +398,7 @@ static void test_not_zstd(void)
 	/* a zstd magic followed by garbage */
 	m.len = 0;
 	mb_put(&m, "\x28\xb5\x2f\xfd garbage garbage garbage", 28);
-	CHECK_EQ(zseek_index_build(mem_read, &m, m.len, true, &idx, err,
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
 				   sizeof(err)),
 		 -EBADMSG);
 	free(m.p);

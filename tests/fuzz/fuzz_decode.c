@@ -8,25 +8,10 @@
 #include <string.h>
 
 #include "../../fs/fs.h"
+#include "../memread.h"
 
 #define MAX_CONTENT (1u << 20)
 
-struct mem {
-	const uint8_t *p;
-	size_t n;
-};
-
-static ssize_t rd(void *ctx, void *buf, size_t len, uint64_t off)
-{
-	struct mem *m = ctx;
-
-	if (off >= m->n)
-		return 0;
-	if (len > m->n - off)
-		len = m->n - (size_t)off;
-	memcpy(buf, m->p + off, len);
-	return (ssize_t)len;
-}
 
 static ZSTD_DCtx *dctx;
 static uint8_t *out;
@@ -36,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct zseek_frame fr = {0};
 	struct zseek_index idx = {0};
 	struct zseek_stream s;
-	struct mem m;
+	struct memfile m;
 	uint32_t d, ck;
 
 	if (size < 8)
@@ -55,15 +40,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	(void)zseek_decode_frame(dctx, &fr, true, data + 8, out);
 	(void)zseek_decode_frame(dctx, &fr, false, data + 8, out);
 	/* streamed: a sub-folio from the middle, then from the start */
-	m = (struct mem){data, size};
+	m = (struct memfile){data, size};
 	idx.nframes = 1;
 	idx.frames = &fr;
 	if (zseek_stream_init(&s) == 0) {
 		if (fr.d_size >= 2)
-			(void)zseek_stream_read(&s, rd, &m, &idx, 0,
+			(void)zseek_stream_read(&s, mem_read, &m, &idx, 0,
 						fr.d_size / 2,
 						out, fr.d_size - fr.d_size / 2);
-		(void)zseek_stream_read(&s, rd, &m, &idx, 0, 0, out,
+		(void)zseek_stream_read(&s, mem_read, &m, &idx, 0, 0, out,
 					fr.d_size);
 		zseek_stream_free(&s);
 	}
