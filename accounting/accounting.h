@@ -101,7 +101,7 @@ static inline unsigned long pages_of_bytes(uint64_t bytes)
 	X(CORRUPT_FRAMES, "corrupt_frames", event,                             \
 	  "frames that failed to decompress or verify")                        \
 	X(SLOW_FRAMES, "single_frame_warnings", event,                         \
-	  "reads of frames that need streaming from their start")              \
+	  "frames without a size, measured by decoding: slow random reads")    \
 	X(HIGH_RECLAIMS, "high_reclaim_passes", event,                         \
 	  "background reclaim passes for memory.high")                         \
 	X(FAULT_FILLS, "fault_fills", event,                                   \
@@ -255,7 +255,6 @@ void group_walk(struct group *g, void (*fn)(struct group *, void *),
 void counter_init(struct counter *c, struct counter *parent, long max,
 		  long high);
 bool counter_try_charge(struct counter *c, long nr, struct counter **fail);
-void counter_charge(struct counter *c, long nr);
 void counter_uncharge(struct counter *c, long nr);
 long counter_read(const struct counter *c);
 long counter_max(const struct counter *c);

@@ -88,14 +88,6 @@ bool counter_try_charge(struct counter *c, long nr, struct counter **fail)
 	return true;
 }
 
-void counter_charge(struct counter *c, long nr)
-{
-	for (struct counter *i = c; i; i = i->parent)
-		counter_raise_peak(i, cusage(atomic_fetch_add(
-					      &i->state, (uint64_t)nr)) +
-					      nr);
-}
-
 void counter_uncharge(struct counter *c, long nr)
 {
 	for (struct counter *i = c; i; i = i->parent)

@@ -276,8 +276,6 @@ void lru_activate(struct folio *f);
 unsigned long lru_shrink(struct group *g, unsigned long nr,
 			 unsigned long *scanned, void *priv);
 bool lru_remove(struct folio *f);
-void lru_counts(struct group *g, unsigned long *active,
-		unsigned long *inactive);
 
 /* rcu.c: grace periods for the folios lockless readers may look at */
 void cache_thread_register(void);

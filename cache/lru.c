@@ -228,13 +228,3 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 	return got;
 }
 
-void lru_counts(struct group *g, unsigned long *active,
-		unsigned long *inactive)
-{
-	struct lru *l = g->lru;
-
-	pthread_mutex_lock(&l->lock);
-	*active = l->nr_active;
-	*inactive = l->nr_inactive;
-	pthread_mutex_unlock(&l->lock);
-}
