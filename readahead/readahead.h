@@ -89,6 +89,7 @@ void readaround_init_state(struct readaround_state *s, unsigned long min,
 			   unsigned long max);
 void readaround_feedback(struct readaround_state *s, bool used,
 			 unsigned long folio_pages);
+bool readaround_streaming(struct readaround_state *s);
 bool readaround_plan(struct readaround_state *s, unsigned long pg,
 		     unsigned long req, struct ra_plan *p);
 

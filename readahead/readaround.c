@@ -20,8 +20,9 @@
  *     read-around folio is used again.
  * The window is centred on the fault.  From four frames up it carries the
  * kernel's marker a quarter from its end, so faults that walk forward
- * start asynchronous windows that ramp up as read()'s do; and a fault just
- * past the last window is a stream and gets the on-demand algorithm.
+ * start asynchronous windows that ramp up as read()'s do; and once the
+ * window has grown that far, a fault just past the last window is a stream
+ * and gets the on-demand algorithm.
  *
  * The state is per file (per mapping), not per open file: a page mapped by
  * many processes is one page, used or not.
@@ -73,6 +74,17 @@ void readaround_feedback(struct readaround_state *s, bool used,
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
+}
+
+/* Faults of this file come in runs: its window grew past three frames. */
+bool readaround_streaming(struct readaround_state *s)
+{
+	bool yes;
+
+	pthread_mutex_lock(&s->lock);
+	yes = s->window >= 4 * s->min;
+	pthread_mutex_unlock(&s->lock);
+	return yes;
 }
 
 /* The window around page pg; false: stopped, read just the request. */
@@ -143,18 +155,25 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 	unsigned long req = (unsigned long)((end + ZF_PAGE_SIZE - 1) >>
 					    ZF_PAGE_SHIFT) - pg;
 	unsigned long ra_pages = rq->ra ? rq->ra->ra_pages : RA_DEFAULT_PAGES;
-	struct readaround_state *s;
+	struct readaround_state *s = NULL;
 	struct ra_plan p = {pg, req ? req : 1, 0};
 	int r;
 
-	if (rq->ra && walked_off_window(rq->ra, pg))
-		return ra_sync_read(rq, index, last); /* a stream */
+	if (mode == READAROUND_ADAPTIVE && ra_pages)
+		s = state_of(m, index, ra_pages);
+	/*
+	 * A fault just past the last window is a stream, once read-around has
+	 * shown the file is read in runs (its window grew past three frames):
+	 * cold bursts that merely cross a frame keep reading around.
+	 */
+	if (rq->ra && walked_off_window(rq->ra, pg) &&
+	    (mode == READAROUND_FIXED || (s && readaround_streaming(s))))
+		return ra_sync_read(rq, index, last);
 	if (mode == READAROUND_FIXED && ra_pages) {
 		p.start = pg > ra_pages / 2 ? pg - ra_pages / 2 : 0;
 		p.size = ra_pages;
 		p.async_size = ra_pages / 4;
 	} else if (mode == READAROUND_ADAPTIVE && ra_pages) {
-		s = state_of(m, index, ra_pages);
 		if (!s || !readaround_plan(s, pg, p.size, &p)) {
 			stat_inc(rq->group, STAT_READAROUND_STOPPED);
 			p = (struct ra_plan){pg, req ? req : 1, 0};
