@@ -41,6 +41,7 @@ enum folio_flag {
 	FOLIO_ACCESSED,   /* ever read since it came in */
 	FOLIO_SPECULATIVE,/* brought in by readahead, not by a demand read */
 	FOLIO_READAROUND, /* brought in by read-around */
+	FOLIO_BEHIND,     /* read around, before the fault that read it */
 	FOLIO_ON_LRU,     /* on its group's LRU lists */
 	FOLIO_SPARED,     /* reclaim gave it a second chance (referenced) */
 };

@@ -78,6 +78,8 @@ struct readaround_state {
 	unsigned int used, unused;  /* folios since the last resize */
 	unsigned int unused_streak; /* unused folios in a row */
 	unsigned long probes;       /* misses while stopped */
+	unsigned int behind_used, behind_unused; /* folios before faults */
+	unsigned long plans;        /* windows planned */
 };
 int readaround_sync(struct read_req *rq, unsigned long index,
 		    unsigned long last);
@@ -88,7 +90,7 @@ void readaround_set_mode(enum readaround_mode mode);
 void readaround_init_state(struct readaround_state *s, unsigned long min,
 			   unsigned long max);
 void readaround_feedback(struct readaround_state *s, bool used,
-			 unsigned long folio_pages);
+			 bool behind, unsigned long folio_pages);
 bool readaround_streaming(struct readaround_state *s);
 bool readaround_plan(struct readaround_state *s, unsigned long pg,
 		     unsigned long req, struct ra_plan *p);

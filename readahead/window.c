@@ -149,6 +149,8 @@ static int window_read(struct read_req *rq, unsigned long first,
 			folio_set(f, FOLIO_SPECULATIVE);
 		if (!demand && rq->readaround)
 			folio_set(f, FOLIO_READAROUND);
+		if (!demand && rq->readaround && i < demand_first)
+			folio_set(f, FOLIO_BEHIND);
 		if (i == marker)
 			folio_set(f, FOLIO_READAHEAD);
 		if (folio_insert(m, f)) {

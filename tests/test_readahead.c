@@ -331,16 +331,18 @@ static void test_readaround_sizing(void)
 	CHECK_EQ(p.start, 1000 - 16);
 	CHECK_EQ(p.size, 32);
 	CHECK_EQ(p.async_size, 0); /* no marker in a small window */
-	/* used: x2 each time half a window's worth is used, up to ra_pages */
-	readaround_feedback(&s, true, 32);
+	/* used: x2 each time a window's worth is used, up to ra_pages */
+	readaround_feedback(&s, true, false, 32);
 	CHECK_EQ(s.window, 64);
-	readaround_feedback(&s, true, 32);
+	readaround_feedback(&s, true, false, 32);
+	CHECK_EQ(s.window, 64);
+	readaround_feedback(&s, true, false, 32);
 	CHECK_EQ(s.window, 128);
-	for (int i = 0; i < 6; i++) /* 2 at 128 pages, 4 at 256 */
-		readaround_feedback(&s, true, 32);
+	for (int i = 0; i < 12; i++) /* 4 at 128 pages, 8 at 256 */
+		readaround_feedback(&s, true, false, 32);
 	CHECK_EQ(s.window, 512);
 	for (int i = 0; i < 40; i++)
-		readaround_feedback(&s, true, 32);
+		readaround_feedback(&s, true, false, 32);
 	CHECK_EQ(s.window, 1024);
 	CHECK(readaround_plan(&s, 5000, 1, &p));
 	CHECK_EQ(p.start, 5000 - 512);
@@ -350,10 +352,10 @@ static void test_readaround_sizing(void)
 	CHECK_EQ(p.start, 0); /* clamped at the start of the file */
 	/* unused: /2 each time half a window's worth is evicted unread */
 	for (int i = 0; i < 16; i++)
-		readaround_feedback(&s, false, 32);
+		readaround_feedback(&s, false, false, 32);
 	CHECK_EQ(s.window, 512);
 	for (int i = 0; i < 100; i++)
-		readaround_feedback(&s, false, 32);
+		readaround_feedback(&s, false, false, 32);
 	CHECK_EQ(s.window, 32);
 	/* 100 unused in a row: stopped, but for a probe now and then */
 	int plans = 0;
@@ -362,11 +364,44 @@ static void test_readaround_sizing(void)
 		plans += readaround_plan(&s, 1000, 1, &p);
 	CHECK_EQ(plans, 4);
 	/* one used read-around folio and it reads around again */
-	readaround_feedback(&s, true, 32);
+	readaround_feedback(&s, true, false, 32);
 	CHECK(readaround_plan(&s, 1000, 1, &p));
 	CHECK(s.window >= 32);
-	readaround_feedback(&s, true, 32);
+	readaround_feedback(&s, true, false, 32);
 	CHECK(s.window >= 64);
+}
+
+/* Read-around behind faults that goes unused moves windows to the fault. */
+static void test_readaround_forward(void)
+{
+	struct readaround_state s;
+	struct ra_plan p;
+	int centred = 0;
+
+	readaround_init_state(&s, 32, 1024);
+	for (int i = 0; i < 7; i++)
+		readaround_feedback(&s, true, false, 32);
+	CHECK_EQ(s.window, 256);
+	/* too little evidence yet: centred, as the kernel's */
+	for (int i = 0; i < 7; i++)
+		readaround_feedback(&s, false, true, 32);
+	CHECK(readaround_plan(&s, 1000, 1, &p));
+	CHECK_EQ(p.start, 1000 - p.size / 2);
+	/* 8 behind, none used: from the fault on, a centred probe in 16 */
+	readaround_feedback(&s, false, true, 32);
+	for (int i = 0; i < 64; i++) {
+		CHECK(readaround_plan(&s, 1000, 1, &p));
+		CHECK(p.start == 1000 || p.start == 1000 - p.size / 2);
+		centred += p.start != 1000;
+	}
+	CHECK_EQ(centred, 4);
+	/* behind folios used again (1 in 4 or more): centred again */
+	for (int i = 0; i < 3; i++)
+		readaround_feedback(&s, true, true, 32);
+	for (int i = 0; i < 8; i++) {
+		CHECK(readaround_plan(&s, 1000, 1, &p));
+		CHECK_EQ(p.start, 1000 - p.size / 2);
+	}
 }
 
 int main(void)
@@ -382,6 +417,7 @@ int main(void)
 	RUN(test_charge_batch_stops_early);
 	RUN(test_charge_skips_cached);
 	RUN(test_readaround_sizing);
+	RUN(test_readaround_forward);
 	cache_thread_unregister();
 	read_at_done();
 	return check_done();
