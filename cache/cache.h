@@ -150,11 +150,8 @@ struct file_ra_state {
 	unsigned long size;       /* pages in it */
 	unsigned long async_size; /* pages ahead of the marker */
 	unsigned long ra_pages;   /* the most a window may hold */
-	unsigned int mmap_miss;
 	atomic_llong prev_pos;    /* byte just past the last read, or -1 */
-	/* read-around (the fault path) */
-	unsigned long readaround_pages;
-	unsigned int unused_streak;
+	unsigned int walkoffs;    /* faults in a row just past the window */
 	void *owner;              /* readahead/'s per-file extras */
 };
 

@@ -245,10 +245,8 @@ void file_ra_init(struct file_ra_state *ra, unsigned long ra_pages)
 	pthread_mutex_init(&ra->lock, NULL);
 	ra->start = ra->size = ra->async_size = 0;
 	ra->ra_pages = ra_pages;
-	ra->mmap_miss = 0;
 	atomic_init(&ra->prev_pos, -1);
-	ra->readaround_pages = 0;
-	ra->unused_streak = 0;
+	ra->walkoffs = 0;
 	ra->owner = NULL;
 }
 

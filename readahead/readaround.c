@@ -49,6 +49,8 @@ static enum readaround_mode mode = READAROUND_ADAPTIVE;
 /* read-around behind faults judged over about this many folios */
 #define BEHIND_SPAN 64
 #define BEHIND_MIN 8
+/* faults in a row just past the last window that make a stream */
+#define STREAM_AFTER 3
 
 void readaround_set_mode(enum readaround_mode m)
 {
@@ -169,14 +171,19 @@ static struct readaround_state *state_of(struct mapping *m,
 	return mine;
 }
 
-static bool walked_off_window(struct file_ra_state *ra, unsigned long pg)
+/* A fault just past the last window: how many in a row, 0 if not one. */
+static unsigned int walked_off_window(struct file_ra_state *ra,
+				      unsigned long pg)
 {
-	bool yes;
+	unsigned int n;
 
 	pthread_mutex_lock(&ra->lock);
-	yes = ra->size && pg == ra->start + ra->size;
+	if (ra->size && pg == ra->start + ra->size)
+		n = ++ra->walkoffs;
+	else
+		n = ra->walkoffs = 0;
 	pthread_mutex_unlock(&ra->lock);
-	return yes;
+	return n;
 }
 
 /* A page-cache fill missed: read around it (do_sync_mmap_readahead). */
@@ -194,17 +201,22 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 	unsigned long ra_pages = rq->ra ? rq->ra->ra_pages : RA_DEFAULT_PAGES;
 	struct readaround_state *s = NULL;
 	struct ra_plan p = {pg, req ? req : 1, 0};
+	unsigned int walkoffs;
 	int r;
 
 	if (mode == READAROUND_ADAPTIVE && ra_pages)
 		s = state_of(m, index, ra_pages);
 	/*
-	 * A fault just past the last window is a stream, once read-around has
-	 * shown the file is read in runs (its window grew past three frames):
-	 * cold bursts that merely cross a frame keep reading around.
+	 * A fault just past the last window is a stream once read-around has
+	 * shown the file is read in runs (its window grew past three frames),
+	 * or at the STREAM_AFTER-th such fault in a row (a window that cannot
+	 * grow, ra_kb of one frame): cold bursts that merely cross a frame or
+	 * two keep reading around.
 	 */
-	if (rq->ra && walked_off_window(rq->ra, pg) &&
-	    (mode == READAROUND_FIXED || (s && readaround_streaming(s))))
+	walkoffs = rq->ra ? walked_off_window(rq->ra, pg) : 0;
+	if (walkoffs &&
+	    (mode == READAROUND_FIXED ||
+	     (s && (walkoffs >= STREAM_AFTER || readaround_streaming(s)))))
 		return ra_sync_read(rq, index, last);
 	if (mode == READAROUND_FIXED && ra_pages) {
 		p.start = pg > ra_pages / 2 ? pg - ra_pages / 2 : 0;
