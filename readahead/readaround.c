@@ -29,11 +29,12 @@
  * fault, with a centred one every PROBE_EVERY windows to see whether that
  * still holds.  (Centred windows waste their back half on such readers:
  * 60-70% of read-around pages went unused at ra_kb=4096, 32% with this.)
- * From four frames up the window carries the
- * kernel's marker a quarter from its end, so faults that walk forward
- * start asynchronous windows that ramp up as read()'s do; and once the
- * window has grown that far, a fault just past the last window is a stream
- * and gets the on-demand algorithm.
+ * From four frames up the window carries the kernel's marker a quarter
+ * from its end, so faults that walk forward start asynchronous windows
+ * that ramp up as read()'s do.  A fault just past the last window is a
+ * stream, and gets the on-demand algorithm, once the window has grown
+ * that far, or at the STREAM_AFTER-th such fault in a row (windows that
+ * cannot grow: ra_kb of one frame).
  *
  * The state is per file (per mapping), not per open file: a page mapped by
  * many processes is one page, used or not.
@@ -121,7 +122,7 @@ bool readaround_plan(struct readaround_state *s, unsigned long pg,
 		     unsigned long req, struct ra_plan *p)
 {
 	unsigned long size;
-	bool behind;
+	bool centred;
 
 	pthread_mutex_lock(&s->lock);
 	size = s->window;
@@ -138,11 +139,11 @@ bool readaround_plan(struct readaround_state *s, unsigned long pg,
 	 * points): then the window starts at the fault, with a centred one
 	 * now and then to see whether that still holds.
 	 */
-	behind = ++s->plans % PROBE_EVERY == 0 ||
+	centred = ++s->plans % PROBE_EVERY == 0 ||
 		 s->behind_used + s->behind_unused < BEHIND_MIN ||
 		 s->behind_used * 4 >= s->behind_unused;
 	pthread_mutex_unlock(&s->lock);
-	p->start = !behind ? pg : pg > size / 2 ? pg - size / 2 : 0;
+	p->start = !centred ? pg : pg > size / 2 ? pg - size / 2 : 0;
 	p->size = size;
 	if (p->start + p->size < pg + req)
 		p->size = pg + req - p->start;
