@@ -96,6 +96,8 @@ bool readaround_plan(struct readaround_state *s, unsigned long pg,
 		     unsigned long req, struct ra_plan *p);
 
 /* window.c */
+unsigned long ra_request_pages(const struct read_req *rq, unsigned long index,
+			       unsigned long *req);
 int ra_sync_read(struct read_req *rq, unsigned long index,
 		 unsigned long last);
 int ra_window(struct read_req *rq, const struct ra_plan *p,

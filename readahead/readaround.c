@@ -192,16 +192,10 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 		    unsigned long last)
 {
 	struct mapping *m = rq->mapping;
-	uint64_t fpos = mapping_folio_pos(m, index);
-	uint64_t pos = rq->pos > fpos ? rq->pos : fpos;
-	uint64_t end = rq->pos + rq->len < m->size ? rq->pos + rq->len
-						   : m->size;
-	unsigned long pg = (unsigned long)(pos >> ZF_PAGE_SHIFT);
-	unsigned long req = (unsigned long)((end + ZF_PAGE_SIZE - 1) >>
-					    ZF_PAGE_SHIFT) - pg;
+	unsigned long req, pg = ra_request_pages(rq, index, &req);
 	unsigned long ra_pages = rq->ra ? rq->ra->ra_pages : RA_DEFAULT_PAGES;
 	struct readaround_state *s = NULL;
-	struct ra_plan p = {pg, req ? req : 1, 0};
+	struct ra_plan p = {pg, req, 0};
 	unsigned int walkoffs;
 	int r;
 
@@ -226,7 +220,7 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 	} else if (mode == READAROUND_ADAPTIVE && ra_pages) {
 		if (!s || !readaround_plan(s, pg, p.size, &p)) {
 			stat_inc(rq->group, STAT_READAROUND_STOPPED);
-			p = (struct ra_plan){pg, req ? req : 1, 0};
+			p = (struct ra_plan){pg, req, 0};
 		}
 	}
 	/*

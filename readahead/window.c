@@ -268,8 +268,12 @@ static int ra_sync(struct read_req *rq, unsigned long index,
 	return ra_sync_read(rq, index, last);
 }
 
-/* page_cache_sync_ra() for a read(): the on-demand algorithm. */
-int ra_sync_read(struct read_req *rq, unsigned long index, unsigned long last)
+/*
+ * The pages rq asks for from folio index on: returns the first, and sets
+ * *req to how many (at least one).
+ */
+unsigned long ra_request_pages(const struct read_req *rq, unsigned long index,
+			       unsigned long *req)
 {
 	const struct mapping *m = rq->mapping;
 	uint64_t fpos = mapping_folio_pos(m, index);
@@ -277,12 +281,20 @@ int ra_sync_read(struct read_req *rq, unsigned long index, unsigned long last)
 	uint64_t end = rq->pos + rq->len < m->size ? rq->pos + rq->len
 						   : m->size;
 	unsigned long pg = (unsigned long)(pos >> ZF_PAGE_SHIFT);
-	unsigned long req = (unsigned long)((end + ZF_PAGE_SIZE - 1) >>
-					    ZF_PAGE_SHIFT) - pg;
+	unsigned long n = (unsigned long)((end + ZF_PAGE_SIZE - 1) >>
+					  ZF_PAGE_SHIFT) - pg;
+
+	*req = n ? n : 1;
+	return pg;
+}
+
+/* page_cache_sync_ra() for a read(): the on-demand algorithm. */
+int ra_sync_read(struct read_req *rq, unsigned long index, unsigned long last)
+{
+	const struct mapping *m = rq->mapping;
+	unsigned long req, pg = ra_request_pages(rq, index, &req);
 	struct ra_plan p;
 
-	if (!req)
-		req = 1;
 	if (!rq->ra || !ra_sync_plan(rq->ra, m, pg, req, &p)) {
 		/* random, or readahead off: exactly what the request needs */
 		p.start = pg;
