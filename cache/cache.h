@@ -42,6 +42,7 @@ enum folio_flag {
 	FOLIO_SPECULATIVE,/* brought in by readahead, not by a demand read */
 	FOLIO_READAROUND, /* brought in by read-around */
 	FOLIO_BEHIND,     /* read around, before the fault that read it */
+	FOLIO_JUDGED,     /* read-around judged unused at the next miss */
 	FOLIO_ON_LRU,     /* on its group's LRU lists */
 	FOLIO_SPARED,     /* reclaim gave it a second chance (referenced) */
 };

@@ -80,6 +80,7 @@ struct readaround_state {
 	unsigned long probes;       /* misses while stopped */
 	unsigned int behind_used, behind_unused; /* folios before faults */
 	unsigned long plans;        /* windows planned */
+	unsigned long last_first, last_end; /* the last window's folios */
 };
 int readaround_sync(struct read_req *rq, unsigned long index,
 		    unsigned long last);

@@ -18,9 +18,10 @@
  *   - stops after READAROUND_LOTSAMISS unused folios in a row: faults then
  *     read just their folio, with a small probe now and then, until a
  *     read-around folio is used again.
- * Used folios are counted when they are read, unused ones only when they
- * are evicted, later: growth needs a whole window's worth used, shrinking
- * half a window's worth unused, to offset that lag.
+ * Used folios are counted when they are read; unused ones when the next
+ * miss finds them still unread (judge_last_window), or else when they are
+ * evicted.  Growth needs a whole window's worth used, shrinking half a
+ * window's worth unused.
  *
  * The window is centred on the fault, as the kernel's is, until what was
  * read around *behind* faults has mostly gone unused (BEHIND_MIN folios
@@ -69,6 +70,7 @@ void readaround_init_state(struct readaround_state *s, unsigned long min,
 	s->probes = 0;
 	s->behind_used = s->behind_unused = 0;
 	s->plans = 0;
+	s->last_first = s->last_end = 0;
 }
 
 /* One read-around folio's fate: used before eviction, or not. */
@@ -172,6 +174,39 @@ static struct readaround_state *state_of(struct mapping *m,
 	return mine;
 }
 
+/*
+ * At the next miss, the last window's read-around folios not read by now
+ * count as unused, at once: eviction would say so much later, and until it
+ * did, used folios (counted when read) kept growing the window.  Each
+ * folio is judged once (FOLIO_JUDGED; its eviction is then not counted
+ * again); one read after all still counts as used.
+ */
+static void judge_last_window(struct readaround_state *s, struct mapping *m)
+{
+	const unsigned int unread = 1u << FOLIO_READAROUND,
+			   seen = 1u << FOLIO_ACCESSED | 1u << FOLIO_JUDGED;
+	unsigned long first, end;
+
+	pthread_mutex_lock(&s->lock);
+	first = s->last_first;
+	end = s->last_end;
+	s->last_end = 0;
+	pthread_mutex_unlock(&s->lock);
+	for (unsigned long i = first; i < end; i++) {
+		struct folio *f = folio_lookup(m, i);
+		unsigned int fl;
+
+		if (!f || !folio_test(f, FOLIO_UPTODATE))
+			continue;
+		fl = atomic_fetch_or_explicit(&f->flags, 1u << FOLIO_JUDGED,
+					      memory_order_acq_rel);
+		if ((fl & unread) && !(fl & seen))
+			readaround_feedback(s, false,
+					    fl & (1u << FOLIO_BEHIND),
+					    f->nr_pages);
+	}
+}
+
 /* A fault just past the last window: how many in a row, 0 if not one. */
 static unsigned int walked_off_window(struct file_ra_state *ra,
 				      unsigned long pg)
@@ -196,11 +231,14 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 	unsigned long ra_pages = rq->ra ? rq->ra->ra_pages : RA_DEFAULT_PAGES;
 	struct readaround_state *s = NULL;
 	struct ra_plan p = {pg, req, 0};
+	unsigned long f0, f1;
 	unsigned int walkoffs;
 	int r;
 
 	if (mode == READAROUND_ADAPTIVE && ra_pages)
 		s = state_of(m, index, ra_pages);
+	if (s)
+		judge_last_window(s, m);
 	/*
 	 * A fault just past the last window is a stream once read-around has
 	 * shown the file is read in runs (its window grew past three frames),
@@ -227,11 +265,16 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 	 * Like the kernel, read-around sets the file's window, whole folios:
 	 * its marker is then "ours", and a fault just past it is a stream.
 	 */
+	f0 = mapping_index(m, (uint64_t)p.start << ZF_PAGE_SHIFT);
+	f1 = mapping_index(m, ((uint64_t)(p.start + p.size) << ZF_PAGE_SHIFT) -
+				      1);
+	if (s) {
+		pthread_mutex_lock(&s->lock);
+		s->last_first = f0;
+		s->last_end = f1 + 1;
+		pthread_mutex_unlock(&s->lock);
+	}
 	if (rq->ra) {
-		unsigned long f0 = mapping_index(m, (uint64_t)p.start
-							    << ZF_PAGE_SHIFT);
-		unsigned long f1 = mapping_index(
-			m, ((uint64_t)(p.start + p.size) << ZF_PAGE_SHIFT) - 1);
 		uint64_t e = mapping_folio_pos(m, f1) + mapping_folio_len(m, f1);
 
 		pthread_mutex_lock(&rq->ra->lock);
@@ -264,7 +307,7 @@ void readaround_unused(struct folio *f)
 {
 	struct readaround_state *s = atomic_load(&f->mapping->ra_private);
 
-	if (s)
+	if (s && !folio_test(f, FOLIO_JUDGED))
 		readaround_feedback(s, false, folio_test(f, FOLIO_BEHIND),
 				    f->nr_pages);
 }

@@ -371,6 +371,49 @@ static void test_readaround_sizing(void)
 	CHECK(s.window >= 64);
 }
 
+/* mmap faults over 4 KiB of rq's file at pos: page-cache fills. */
+static void fault_burst(struct env *e, uint64_t pos, int pages)
+{
+	for (int i = 0; i < pages; i++, pos += 4096) {
+		if (!rq)
+			rq = malloc(sizeof(*rq));
+		read_req_init(rq, e->m, &e->ra, &e->c.budget.root, NULL, pos,
+			      4096);
+		rq->fault = true;
+		cache_read(rq, sink_reply, &e->s);
+		cache_quiescent();
+		CHECK_EQ(e->s.err, 0);
+		CHECK(bytes_ok(&e->s, pos));
+	}
+}
+
+/*
+ * Cold bursts (64 pages forward from random points) with nothing evicted:
+ * what the last window brought and nobody read is judged at the next
+ * miss, so the window settles small instead of growing to ra_pages on
+ * the used folios alone.
+ */
+static void test_readaround_judged(void)
+{
+	struct env e;
+	struct readaround_state *s;
+	unsigned long seed = 7, most = 0;
+
+	env_open(&e, 1024, 512, 1 << 20, RA_RECLAIM_BATCH);
+	for (int b = 0; b < 60; b++) {
+		seed = seed * 6364136223846793005ul + 1442695040888963407ul;
+		fault_burst(&e, (seed >> 20) % (500 * FOLIO / 4096) * 4096,
+			    64);
+		s = atomic_load(&e.m->ra_private);
+		if (b >= 20 && s && s->window > most)
+			most = s->window;
+	}
+	CHECK(s != NULL);
+	CHECK(most >= 32);
+	CHECK(most <= 256); /* 8 folios; without judging it reaches 1024 */
+	env_close(&e);
+}
+
 /* Read-around behind faults that goes unused moves windows to the fault. */
 static void test_readaround_forward(void)
 {
@@ -418,6 +461,7 @@ int main(void)
 	RUN(test_charge_skips_cached);
 	RUN(test_readaround_sizing);
 	RUN(test_readaround_forward);
+	RUN(test_readaround_judged);
 	cache_thread_unregister();
 	read_at_done();
 	return check_done();
