@@ -81,6 +81,7 @@ struct readaround_state {
 	unsigned int behind_used, behind_unused; /* folios before faults */
 	unsigned long plans;        /* windows planned */
 	unsigned long last_first, last_end; /* the last window's folios */
+	unsigned long ceiling;      /* the last window size that shrank */
 };
 int readaround_sync(struct read_req *rq, unsigned long index,
 		    unsigned long last);

@@ -21,7 +21,10 @@
  * Used folios are counted when they are read; unused ones when the next
  * miss finds them still unread (judge_last_window), or else when they are
  * evicted.  Growth needs a whole window's worth used, shrinking half a
- * window's worth unused.
+ * window's worth unused; growing back to a size that was just shrunk
+ * needs GROW_BACK windows' worth, so a reader whose runs fit between two
+ * sizes does not swing between them (a 64-page cold burst wasted half of
+ * every other window that way).
  *
  * The window is centred on the fault, as the kernel's is, until what was
  * read around *behind* faults has mostly gone unused (BEHIND_MIN folios
@@ -53,6 +56,8 @@ static enum readaround_mode mode = READAROUND_ADAPTIVE;
 #define BEHIND_MIN 8
 /* faults in a row just past the last window that make a stream */
 #define STREAM_AFTER 3
+/* growing back to a window that was shrunk takes this many windows used */
+#define GROW_BACK 4
 
 void readaround_set_mode(enum readaround_mode m)
 {
@@ -71,12 +76,15 @@ void readaround_init_state(struct readaround_state *s, unsigned long min,
 	s->behind_used = s->behind_unused = 0;
 	s->plans = 0;
 	s->last_first = s->last_end = 0;
+	s->ceiling = 0;
 }
 
 /* One read-around folio's fate: used before eviction, or not. */
 void readaround_feedback(struct readaround_state *s, bool used,
 			 bool behind, unsigned long folio_pages)
 {
+	unsigned long need;
+
 	pthread_mutex_lock(&s->lock);
 	if (behind) {
 		if (used)
@@ -91,15 +99,21 @@ void readaround_feedback(struct readaround_state *s, bool used,
 	}
 	if (used) {
 		s->unused_streak = 0;
-		if (++s->used * folio_pages >= s->window) {
+		/* back to a size that wasted: on GROW_BACK times the evidence */
+		need = s->ceiling && s->window * 2 >= s->ceiling
+			       ? GROW_BACK * s->window
+			       : s->window;
+		if (++s->used * folio_pages >= need) {
 			s->window = s->window * 2 < s->max ? s->window * 2
 							   : s->max;
 			s->used = s->unused = 0;
+			s->ceiling = 0;
 		}
 	} else {
 		if (s->unused_streak < 10 * READAROUND_LOTSAMISS)
 			s->unused_streak++;
 		if (++s->unused * folio_pages * 2 >= s->window) {
+			s->ceiling = s->window;
 			s->window = s->window / 2 > s->min ? s->window / 2
 							   : s->min;
 			s->used = s->unused = 0;

@@ -367,8 +367,15 @@ static void test_readaround_sizing(void)
 	readaround_feedback(&s, true, false, 32);
 	CHECK(readaround_plan(&s, 1000, 1, &p));
 	CHECK(s.window >= 32);
+	/* back to the size that last shrank (64): on GROW_BACK windows used */
+	for (int i = 0; i < 2; i++)
+		readaround_feedback(&s, true, false, 32);
+	CHECK_EQ(s.window, 32);
 	readaround_feedback(&s, true, false, 32);
-	CHECK(s.window >= 64);
+	CHECK_EQ(s.window, 64);
+	for (int i = 0; i < 2; i++) /* and on from there as before */
+		readaround_feedback(&s, true, false, 32);
+	CHECK_EQ(s.window, 128);
 }
 
 /* mmap faults over 4 KiB of rq's file at pos: page-cache fills. */
