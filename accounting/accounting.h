@@ -24,8 +24,7 @@
 #include <stdint.h>
 #include <urcu/list.h>
 
-#define ZF_PAGE_SHIFT 12
-#define ZF_PAGE_SIZE (1UL << ZF_PAGE_SHIFT)
+#include "../common/common.h"
 
 /* Pages a thread charges at once and keeps in its stock: MEMCG_CHARGE_BATCH */
 #define CHARGE_BATCH 64
@@ -42,93 +41,6 @@
 
 /* "max": no limit (the largest a counter holds) */
 #define COUNTER_MAX ((long)UINT32_MAX)
-
-static inline unsigned long pages_of_bytes(uint64_t bytes)
-{
-	return (unsigned long)((bytes + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT);
-}
-
-/*
- * The statistics, declared once: enum, memory.stat names and descriptions
- * all come from this list.  "gauge" items go up and down (sizes in pages,
- * printed in bytes like the kernel's memory.stat); "event" items only count
- * up.  Kernel names where one exists.
- */
-#define ZF_STAT_LIST(X)                                                        \
-	X(FILE, "file", gauge, "cached file data")                             \
-	X(ACTIVE_FILE, "active_file", gauge, "cached data on active lists")    \
-	X(INACTIVE_FILE, "inactive_file", gauge,                               \
-	  "cached data on inactive lists")                                     \
-	X(DEFERRED_FREE, "deferred_free_pages", gauge,                         \
-	  "hot folio data waiting for a grace period")                         \
-	X(PGFAULT, "pgfault", event, "read requests served")                   \
-	X(PGMAJFAULT, "pgmajfault", event, "reads that waited for backing I/O") \
-	X(PGSCAN, "pgscan", event, "pages scanned by reclaim")                 \
-	X(PGSTEAL, "pgsteal", event, "pages reclaimed")                        \
-	X(PGACTIVATE, "pgactivate", event, "pages moved to active lists")      \
-	X(PGDEACTIVATE, "pgdeactivate", event,                                 \
-	  "pages moved to inactive lists")                                     \
-	X(PGREFILL, "pgrefill", event, "active pages scanned for deactivation") \
-	X(RECLAIM_PASSES, "reclaim_passes", event, "reclaim passes")           \
-	X(RECLAIM_PASSES_RA, "reclaim_passes_ra", event,                       \
-	  "reclaim passes for readahead windows")                              \
-	X(CHARGE_FAIL_DEMAND, "charge_failures_demand", event,                 \
-	  "demand charges that failed after reclaim")                          \
-	X(CHARGE_FAIL_SPEC, "charge_failures_speculative", event,              \
-	  "speculative charges that failed")                                   \
-	X(BOUNCE_READS, "bounce_reads", event,                                 \
-	  "reads served uncached from a bounce buffer")                        \
-	X(FOLIOS_READ, "folios_read", event, "folios filled from backing")     \
-	X(BACKING_BYTES, "backing_bytes", event, "bytes read from backing")    \
-	X(DECOMP_BYTES, "decompressed_bytes", event, "bytes decompressed")     \
-	X(CACHE_HITS, "cache_hits", event, "folio lookups that hit")           \
-	X(CACHE_MISSES, "cache_misses", event, "folio lookups that missed")    \
-	X(LOCKLESS_READS, "lockless_reads", event,                             \
-	  "folio reads without a reference")                                   \
-	X(HOT_FOLIOS, "hot_folios", event, "folios that became hot")           \
-	X(DEFERRED_FREES, "deferred_frees", event,                             \
-	  "folios freed after a grace period")                                 \
-	X(EXPEDITED_GPS, "expedited_gps", event,                               \
-	  "grace periods waited for by reclaim")                               \
-	X(RA_WINDOWS, "ra_windows", event, "readahead windows")                \
-	X(RA_PAGES, "ra_pages", event, "pages read ahead")                     \
-	X(RA_EARLY_STOPS, "ra_early_stops", event,                             \
-	  "readahead windows stopped for lack of budget")                      \
-	X(RA_HITS, "ra_hits", event, "readahead folios read before eviction")  \
-	X(RA_UNUSED_EVICTED, "ra_unused_evicted", event,                       \
-	  "readahead pages evicted never read")                                \
-	X(IO_ERRORS, "io_errors", event, "backing reads that failed")          \
-	X(CORRUPT_FRAMES, "corrupt_frames", event,                             \
-	  "frames that failed to decompress or verify")                        \
-	X(SLOW_FRAMES, "single_frame_warnings", event,                         \
-	  "frames without a size, measured by decoding: slow random reads")    \
-	X(HIGH_RECLAIMS, "high_reclaim_passes", event,                         \
-	  "background reclaim passes for memory.high")                         \
-	X(FAULT_FILLS, "fault_fills", event,                                   \
-	  "page-cache fills (mmap faults), not read()")                        \
-	X(READAROUND_WINDOWS, "readaround_windows", event,                     \
-	  "read-around windows for faults")                                    \
-	X(READAROUND_PAGES, "readaround_pages", event, "pages read around")    \
-	X(READAROUND_USED, "readaround_used", event,                           \
-	  "read-around pages used before eviction")                            \
-	X(READAROUND_STOPPED, "readaround_stopped", event,                     \
-	  "faults not read around: too many unused")
-
-enum stat_kind { STAT_GAUGE, STAT_EVENT };
-
-enum stat_item {
-#define ZF_STAT_ENUM(id, name, kind, desc) STAT_##id,
-	ZF_STAT_LIST(ZF_STAT_ENUM)
-#undef ZF_STAT_ENUM
-		NR_STATS
-};
-
-struct stat_desc {
-	const char *name;
-	enum stat_kind kind;
-	const char *desc;
-};
-extern const struct stat_desc stat_descs[NR_STATS];
 
 /* memory.events, counted hierarchically like the kernel's memory.events */
 enum group_event { EV_HIGH, EV_MAX, NR_GROUP_EVENTS };
@@ -293,8 +205,5 @@ long group_event_read(const struct group *g, enum group_event ev);
 int stat_format(const struct group *g, char *buf, size_t len);
 int events_format(const struct group *g, char *buf, size_t len);
 int stat_format_json(const struct group *g, char *buf, size_t len);
-
-/* Parse "123", "64K", "1.5G", "max": bytes, or -EINVAL. */
-int parse_size(const char *s, uint64_t *bytes, bool allow_max);
 
 #endif

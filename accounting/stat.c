@@ -15,21 +15,9 @@
  * atomic adds.  A slot is written by its owner only (relaxed load + store),
  * and read by anyone with relaxed loads; a 64-bit aligned long never tears.
  */
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "accounting.h"
-
-const struct stat_desc stat_descs[NR_STATS] = {
-#define ZF_STAT_DESC(id, n, k, d) [STAT_##id] = {n, STAT_##k, d},
-#define STAT_gauge STAT_GAUGE
-#define STAT_event STAT_EVENT
-	ZF_STAT_LIST(ZF_STAT_DESC)
-#undef ZF_STAT_DESC
-};
 
 const char *const group_event_names[NR_GROUP_EVENTS] = {
 	[EV_HIGH] = "high",
@@ -96,138 +84,84 @@ long group_event_read(const struct group *g, enum group_event ev)
 	return atomic_load_explicit(&g->events[ev], memory_order_relaxed);
 }
 
-/* Appends to buf at *off; keeps *off within len and NUL-terminated. */
-static void buf_printf(char *buf, size_t len, size_t *off, const char *fmt,
-		       ...) __attribute__((format(printf, 4, 5)));
-
-static void buf_printf(char *buf, size_t len, size_t *off, const char *fmt,
-		       ...)
+static long stat_value_printed(enum stat_item i, const long v[NR_STATS])
 {
-	va_list ap;
-	int n;
+	long x = v[i] < 0 ? 0 : v[i];
 
-	if (*off >= len)
-		return;
-	va_start(ap, fmt);
-	n = vsnprintf(buf + *off, len - *off, fmt, ap);
-	va_end(ap);
-	if (n > 0)
-		*off = *off + (size_t)n < len ? *off + (size_t)n : len - 1;
-}
-
-static long stat_value_printed(enum stat_item i, long v)
-{
-	/* gauges count pages and print bytes, like memory.stat */
-	if (v < 0)
-		v = 0;
-	return stat_descs[i].kind == STAT_GAUGE ? v * (long)ZF_PAGE_SIZE : v;
+	switch (stat_descs[i].kind) {
+	case STAT_GAUGE: /* pages, printed in bytes like memory.stat */
+		return x * (long)ZF_PAGE_SIZE;
+	case STAT_EVENT:
+		return x;
+	case STAT_DERIVED:
+		break;
+	}
+	switch (i) {
+	case STAT_READAROUND_WINDOW_PAGES:
+		return v[STAT_READAROUND_WINDOWS]
+			       ? v[STAT_READAROUND_PAGES] /
+					 v[STAT_READAROUND_WINDOWS]
+			       : 0;
+	default:
+		return 0;
+	}
 }
 
 int stat_format(const struct group *g, char *buf, size_t len)
 {
+	struct text t = {buf, len, 0};
 	long v[NR_STATS];
-	size_t off = 0;
 
 	stat_read_all(g, v);
 	for (int i = 0; i < NR_STATS; i++)
-		buf_printf(buf, len, &off, "%s %ld\n", stat_descs[i].name,
-			   stat_value_printed(i, v[i]));
-	/* derived: the average read-around window so far */
-	buf_printf(buf, len, &off, "readaround_window_pages %ld\n",
-		   v[STAT_READAROUND_WINDOWS]
-			   ? v[STAT_READAROUND_PAGES] /
-				     v[STAT_READAROUND_WINDOWS]
-			   : 0);
-	return (int)off;
+		text_printf(&t, "%s %ld\n", stat_descs[i].name,
+			    stat_value_printed(i, v));
+	return (int)t.off;
 }
 
 int events_format(const struct group *g, char *buf, size_t len)
 {
-	size_t off = 0;
+	struct text t = {buf, len, 0};
 
-	buf_printf(buf, len, &off, "low 0\n");
-	buf_printf(buf, len, &off, "high %ld\n", group_event_read(g, EV_HIGH));
-	buf_printf(buf, len, &off, "max %ld\n", group_event_read(g, EV_MAX));
-	buf_printf(buf, len, &off, "oom 0\noom_kill 0\n");
-	buf_printf(buf, len, &off, "failcnt %ld\n",
-		   atomic_load(&g->mem.failcnt));
-	buf_printf(buf, len, &off, "reclaim_passes %ld\n",
-		   stat_read(g, STAT_RECLAIM_PASSES));
-	buf_printf(buf, len, &off, "bounce_reads %ld\n",
-		   stat_read(g, STAT_BOUNCE_READS));
-	return (int)off;
+	text_printf(&t, "low 0\n");
+	text_printf(&t, "high %ld\n", group_event_read(g, EV_HIGH));
+	text_printf(&t, "max %ld\n", group_event_read(g, EV_MAX));
+	text_printf(&t, "oom 0\noom_kill 0\n");
+	text_printf(&t, "failcnt %ld\n", atomic_load(&g->mem.failcnt));
+	text_printf(&t, "reclaim_passes %ld\n",
+		    stat_read(g, STAT_RECLAIM_PASSES));
+	text_printf(&t, "bounce_reads %ld\n", stat_read(g, STAT_BOUNCE_READS));
+	return (int)t.off;
+}
+
+/* A limit in bytes, or null for "max". */
+static void json_limit(struct text *t, const char *key, long pages)
+{
+	if (pages >= COUNTER_MAX)
+		text_printf(t, ", \"%s\": null", key);
+	else
+		text_printf(t, ", \"%s\": %ld", key, pages * (long)ZF_PAGE_SIZE);
 }
 
 int stat_format_json(const struct group *g, char *buf, size_t len)
 {
-	long v[NR_STATS], cur, max, high = atomic_load(&g->mem.high);
-	size_t off = 0;
+	struct text t = {buf, len, 0};
+	long v[NR_STATS], cur, max;
 
 	/* current and max from one instant: a reader may compare them */
 	counter_snapshot(&g->mem, &cur, &max);
 	stat_read_all(g, v);
-	buf_printf(buf, len, &off, "{\"current\": %ld, \"peak\": %ld",
-		   cur * (long)ZF_PAGE_SIZE,
-		   atomic_load(&g->mem.peak) * (long)ZF_PAGE_SIZE);
-	if (max >= COUNTER_MAX)
-		buf_printf(buf, len, &off, ", \"max\": null");
-	else
-		buf_printf(buf, len, &off, ", \"max\": %ld",
-			   max * (long)ZF_PAGE_SIZE);
-	if (high >= COUNTER_MAX)
-		buf_printf(buf, len, &off, ", \"high\": null");
-	else
-		buf_printf(buf, len, &off, ", \"high\": %ld",
-			   high * (long)ZF_PAGE_SIZE);
+	text_printf(&t, "{\"current\": %ld, \"peak\": %ld",
+		    cur * (long)ZF_PAGE_SIZE,
+		    atomic_load(&g->mem.peak) * (long)ZF_PAGE_SIZE);
+	json_limit(&t, "max", max);
+	json_limit(&t, "high", atomic_load(&g->mem.high));
 	for (int e = 0; e < NR_GROUP_EVENTS; e++)
-		buf_printf(buf, len, &off, ", \"events.%s\": %ld",
-			   group_event_names[e], group_event_read(g, e));
+		text_printf(&t, ", \"events.%s\": %ld", group_event_names[e],
+			    group_event_read(g, e));
 	for (int i = 0; i < NR_STATS; i++)
-		buf_printf(buf, len, &off, ", \"%s\": %ld", stat_descs[i].name,
-			   stat_value_printed(i, v[i]));
-	buf_printf(buf, len, &off, "}\n");
-	return (int)off;
-}
-
-int parse_size(const char *s, uint64_t *bytes, bool allow_max)
-{
-	char *end;
-	double v;
-	double mult = 1;
-
-	if (!s)
-		return -EINVAL;
-	while (*s == ' ' || *s == '\t')
-		s++;
-	if (allow_max && (strcmp(s, "max") == 0 || strcmp(s, "max\n") == 0)) {
-		*bytes = UINT64_MAX;
-		return 0;
-	}
-	if (*s < '0' || *s > '9')
-		return -EINVAL;
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || v < 0)
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': mult = 1024.0; end++; break;
-	case 'm': case 'M': mult = 1024.0 * 1024; end++; break;
-	case 'g': case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
-	case 't': case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
-	default: break;
-	}
-	if ((mult > 1 && (*end == 'i' || *end == 'I')) )
-		end++;
-	if ((mult > 1 && (*end == 'b' || *end == 'B')))
-		end++;
-	while (*end == ' ' || *end == '\n' || *end == '\t')
-		end++;
-	if (*end != '\0')
-		return -EINVAL;
-	v *= mult;
-	/* a named bound: nothing above 2^60 bytes is a real size */
-	if (v > (double)(1ULL << 60))
-		return -ERANGE;
-	*bytes = (uint64_t)v;
-	return 0;
+		text_printf(&t, ", \"%s\": %ld", stat_descs[i].name,
+			    stat_value_printed(i, v));
+	text_printf(&t, "}\n");
+	return (int)t.off;
 }

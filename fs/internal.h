@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 
 #include "../readahead/readahead.h"
-#include "fs.h"
+#include "../format/format.h"
 
 enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
 enum backing_cache { BACKING_DROP, BACKING_KEEP };

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "../fs/fs.h"
+#include "../format/format.h"
 #include "check.h"
 #include "memread.h"
 

@@ -18,8 +18,8 @@ import time
 
 BUILD = os.environ.get("ZF_BUILD", os.path.join(os.path.dirname(__file__), "..", "build"))
 ZFOLIO = os.environ.get("ZF_ZFOLIO", os.path.join(BUILD, "fs", "zfolio"))
-MKZFOLIO = os.environ.get("ZF_MKZFOLIO", os.path.join(BUILD, "fs", "mkzfolio"))
-ZFOLIOCTL = os.environ.get("ZF_ZFOLIOCTL", os.path.join(BUILD, "fs", "zfolioctl"))
+MKZFOLIO = os.environ.get("ZF_MKZFOLIO", os.path.join(BUILD, "tools", "mkzfolio"))
+ZFOLIOCTL = os.environ.get("ZF_ZFOLIOCTL", os.path.join(BUILD, "tools", "zfolioctl"))
 
 SKIP = 77  # meson's "skipped"
 SANITIZER_REPORTS = ("AddressSanitizer", "LeakSanitizer", "ThreadSanitizer",

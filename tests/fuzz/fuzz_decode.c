@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../fs/fs.h"
+#include "../../format/format.h"
 #include "../memread.h"
 
 #define MAX_CONTENT (1u << 20)

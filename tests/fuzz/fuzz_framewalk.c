@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../fs/fs.h"
+#include "../../format/format.h"
 #include "../memread.h"
 
 

@@ -26,7 +26,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "fs.h"
+#include "format.h"
 
 static inline uint32_t le32(const uint8_t *p)
 {

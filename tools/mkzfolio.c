@@ -27,8 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../accounting/accounting.h"
-#include "fs.h"
+#include "../common/common.h"
+#include "../format/format.h"
 
 #define BATCH_PER_THREAD 4
 

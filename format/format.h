@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fs: the dataset format and what the tools share, the API of fs/.
+ * format: the dataset format as a library, the API of format/.  No FUSE, no
+ * engine: the daemon and the tools both build on it.
  *
  * zseek_*: the zstd seekable format (read and write), the frame-header walk
  * for foreign multi-frame files, and decoding one frame with verification.
@@ -9,8 +10,8 @@
  * counts and sizes are bounded by the file size and the named limits below
  * before anything is allocated.
  */
-#ifndef ZF_FS_H
-#define ZF_FS_H
+#ifndef ZF_FORMAT_H
+#define ZF_FORMAT_H
 
 #include <stdbool.h>
 #include <stddef.h>

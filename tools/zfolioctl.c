@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../accounting/accounting.h"
+#include "../common/common.h"
 
 static const char *progname = "zfolioctl";
 static const char *ctl_name = ".zfolio";
@@ -81,18 +81,16 @@ static void human(char *out, size_t len, const char *bytes)
 
 static bool is_gauge(const char *key)
 {
-	for (int i = 0; i < NR_STATS; i++)
-		if (strcmp(stat_descs[i].name, key) == 0)
-			return stat_descs[i].kind == STAT_GAUGE;
-	return false;
+	const struct stat_desc *d = stat_desc_find(key);
+
+	return d && d->kind == STAT_GAUGE;
 }
 
 static const char *describe(const char *key)
 {
-	for (int i = 0; i < NR_STATS; i++)
-		if (strcmp(stat_descs[i].name, key) == 0)
-			return stat_descs[i].desc;
-	return "";
+	const struct stat_desc *d = stat_desc_find(key);
+
+	return d ? d->desc : "";
 }
 
 struct kv {

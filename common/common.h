@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * common: what every zfolio program shares and that holds no state, the API
+ * of common/.  The daemon, the engine and the tools all include it; it
+ * includes nothing of theirs.
+ *
+ *  - sizes as users write them ("64M", "1.5G", "max");
+ *  - bounded text building, and JSON strings and values on top of it;
+ *  - the vocabulary of the control directory: the statistics, declared once
+ *    in ZF_STAT_LIST, from which accounting/ builds its counters, memory.stat
+ *    its lines, zfolioctl its descriptions and the man page its table.
+ */
+#ifndef ZF_COMMON_H
+#define ZF_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZF_PAGE_SHIFT 12
+#define ZF_PAGE_SIZE (1UL << ZF_PAGE_SHIFT)
+
+static inline unsigned long pages_of_bytes(uint64_t bytes)
+{
+	return (unsigned long)((bytes + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT);
+}
+
+/* size.c: "123", "64K", "1.5G", "2MiB", "max" (if allow_max: UINT64_MAX).
+ * 0, -EINVAL, or -ERANGE above 2^60 bytes. */
+int parse_size(const char *s, uint64_t *bytes, bool allow_max);
+/* "1.5 GiB", "512 KiB", "17 B" */
+void format_size(char *out, size_t len, uint64_t bytes);
+
+/* text.c: appending to a fixed buffer, always NUL-terminated, never past
+ * its end; off stops at len - 1 when the text does not fit. */
+struct text {
+	char *buf;
+	size_t len, off;
+};
+void text_printf(struct text *t, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* A JSON string literal, quotes and escapes included. */
+void text_json_string(struct text *t, const char *s);
+
+/*
+ * The statistics: name, kind and description, in memory.stat's order.
+ * "gauge" items go up and down (sizes in pages, printed in bytes like the
+ * kernel's memory.stat); "event" items only count up; "derived" items are
+ * computed from others when read and never counted.  Kernel names where
+ * one exists.
+ */
+#define ZF_STAT_LIST(X)                                                        \
+	X(FILE, "file", gauge, "cached file data")                             \
+	X(ACTIVE_FILE, "active_file", gauge, "cached data on active lists")    \
+	X(INACTIVE_FILE, "inactive_file", gauge,                               \
+	  "cached data on inactive lists")                                     \
+	X(DEFERRED_FREE, "deferred_free_pages", gauge,                         \
+	  "hot folio data waiting for a grace period")                         \
+	X(PGFAULT, "pgfault", event, "read requests served")                   \
+	X(PGMAJFAULT, "pgmajfault", event, "reads that waited for backing I/O") \
+	X(PGSCAN, "pgscan", event, "pages scanned by reclaim")                 \
+	X(PGSTEAL, "pgsteal", event, "pages reclaimed")                        \
+	X(PGACTIVATE, "pgactivate", event, "pages moved to active lists")      \
+	X(PGDEACTIVATE, "pgdeactivate", event,                                 \
+	  "pages moved to inactive lists")                                     \
+	X(PGREFILL, "pgrefill", event, "active pages scanned for deactivation") \
+	X(RECLAIM_PASSES, "reclaim_passes", event, "reclaim passes")           \
+	X(RECLAIM_PASSES_RA, "reclaim_passes_ra", event,                       \
+	  "reclaim passes for readahead windows")                              \
+	X(CHARGE_FAIL_DEMAND, "charge_failures_demand", event,                 \
+	  "demand charges that failed after reclaim")                          \
+	X(CHARGE_FAIL_SPEC, "charge_failures_speculative", event,              \
+	  "speculative charges that failed")                                   \
+	X(BOUNCE_READS, "bounce_reads", event,                                 \
+	  "reads served uncached from a bounce buffer")                        \
+	X(FOLIOS_READ, "folios_read", event, "folios filled from backing")     \
+	X(BACKING_BYTES, "backing_bytes", event, "bytes read from backing")    \
+	X(DECOMP_BYTES, "decompressed_bytes", event, "bytes decompressed")     \
+	X(CACHE_HITS, "cache_hits", event, "folio lookups that hit")           \
+	X(CACHE_MISSES, "cache_misses", event, "folio lookups that missed")    \
+	X(LOCKLESS_READS, "lockless_reads", event,                             \
+	  "folio reads without a reference")                                   \
+	X(HOT_FOLIOS, "hot_folios", event, "folios that became hot")           \
+	X(DEFERRED_FREES, "deferred_frees", event,                             \
+	  "folios freed after a grace period")                                 \
+	X(EXPEDITED_GPS, "expedited_gps", event,                               \
+	  "grace periods waited for by reclaim")                               \
+	X(RA_WINDOWS, "ra_windows", event, "readahead windows")                \
+	X(RA_PAGES, "ra_pages", event, "pages read ahead")                     \
+	X(RA_EARLY_STOPS, "ra_early_stops", event,                             \
+	  "readahead windows stopped for lack of budget")                      \
+	X(RA_HITS, "ra_hits", event, "readahead pages read before eviction")   \
+	X(RA_UNUSED_EVICTED, "ra_unused_evicted", event,                       \
+	  "readahead pages evicted never read")                                \
+	X(IO_ERRORS, "io_errors", event, "backing reads that failed")          \
+	X(CORRUPT_FRAMES, "corrupt_frames", event,                             \
+	  "frames that failed to decompress or verify")                        \
+	X(SLOW_FRAMES, "single_frame_warnings", event,                         \
+	  "frames without a size, measured by decoding: slow random reads")    \
+	X(HIGH_RECLAIMS, "high_reclaim_passes", event,                         \
+	  "background reclaim passes for memory.high")                         \
+	X(FAULT_FILLS, "fault_fills", event,                                   \
+	  "page-cache fills (mmap faults), not read()")                        \
+	X(READAROUND_WINDOWS, "readaround_windows", event,                     \
+	  "read-around windows for faults")                                    \
+	X(READAROUND_PAGES, "readaround_pages", event, "pages read around")    \
+	X(READAROUND_USED, "readaround_used", event,                           \
+	  "read-around pages used before eviction")                            \
+	X(READAROUND_STOPPED, "readaround_stopped", event,                     \
+	  "faults not read around: too many unused")                           \
+	X(READAROUND_WINDOW_PAGES, "readaround_window_pages", derived,          \
+	  "average pages per read-around window (readaround_pages / "          \
+	  "readaround_windows)")
+
+enum stat_kind { STAT_GAUGE, STAT_EVENT, STAT_DERIVED };
+
+enum stat_item {
+#define ZF_STAT_ENUM(id, name, kind, desc) STAT_##id,
+	ZF_STAT_LIST(ZF_STAT_ENUM)
+#undef ZF_STAT_ENUM
+		NR_STATS
+};
+
+struct stat_desc {
+	const char *name;
+	enum stat_kind kind;
+	const char *desc;
+};
+extern const struct stat_desc stat_descs[NR_STATS];
+/* The item called name, or NULL. */
+const struct stat_desc *stat_desc_find(const char *name);
+
+#endif
