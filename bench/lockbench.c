@@ -68,15 +68,15 @@ struct targ {
 static void *reader(void *arg)
 {
 	struct targ *t = arg;
-	struct read_req *rq = malloc(sizeof(*rq));
+	struct ra_request *rq = malloc(sizeof(*rq));
 	char out[16];
 	long n = 0;
 
 	cache_thread_register();
 	while (!t->b->stop) {
-		read_req_init(rq, t->b->m, NULL, &t->b->c->budget.root, NULL,
-			      0, 16);
-		cache_read(rq, copy16, out);
+		ra_request_init(rq, t->b->m, NULL, &t->b->c->budget.root, NULL,
+				0, 16, false);
+		cache_read(&rq->rq, copy16, out);
 		cache_quiescent();
 		n++;
 	}
@@ -100,7 +100,7 @@ static double run(bool lockless, int threads, double secs)
 	struct targ t[8];
 	pthread_t tid[8];
 	char out[16];
-	struct read_req *rq = malloc(sizeof(*rq));
+	struct ra_request *rq = malloc(sizeof(*rq));
 	long total = 0;
 
 	cache_init(&c, &cfg);
@@ -110,9 +110,9 @@ static double run(bool lockless, int threads, double secs)
 	/* make folio 0 hot: reads that alternate with folio 1 all count */
 	cache_thread_register();
 	for (int i = 0; i < 8; i++) {
-		read_req_init(rq, b.m, NULL, &c.budget.root, NULL,
-			      (uint64_t)(i & 1) * FOLIO, 16);
-		cache_read(rq, copy16, out);
+		ra_request_init(rq, b.m, NULL, &c.budget.root, NULL,
+				(uint64_t)(i & 1) * FOLIO, 16, false);
+		cache_read(&rq->rq, copy16, out);
 	}
 	cache_thread_unregister();
 	for (int i = 0; i < threads; i++) {

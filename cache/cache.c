@@ -10,9 +10,10 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "cache.h"
+#include "internal.h"
 
 static const struct budget_ops cache_budget_ops = {
+	.thread_state = cache_thread_state,
 	.shrink = lru_shrink,
 	.expedite = cache_expedite,
 	.deferred = cache_deferred_pages,
@@ -24,33 +25,25 @@ int cache_init(struct cache *c, const struct cache_config *cfg)
 {
 	c->ra_ops = NULL;
 	c->lockless = cfg->lockless;
-	c->defer_head = NULL;
-	c->reaper_running = c->reaper_stop = false;
 	atomic_init(&c->deferred_pages, 0);
-	pthread_mutex_init(&c->defer_lock, NULL);
-	pthread_cond_init(&c->defer_cond, NULL);
 	return budget_init(&c->budget, &cfg->budget, &cache_budget_ops, c);
 }
 
-/* The cache's threads: the reaper (deferred frees) and the reclaimer. */
+/* The cache's own thread: the budget's reclaimer (memory.high). */
 int cache_start(struct cache *c)
 {
-	int err = cache_reaper_start(c);
-
-	if (!err)
-		err = budget_start_reclaimer(&c->budget);
-	if (err)
-		cache_reaper_stop(c);
-	return err;
+	return budget_start_reclaimer(&c->budget);
 }
 
+/*
+ * No reader and no mapping is left.  What still waits for a grace period
+ * (folio structs, hot data) is freed before the groups it is charged to.
+ */
 void cache_destroy(struct cache *c)
 {
 	budget_stop_reclaimer(&c->budget);
-	cache_reaper_stop(c);
+	cache_barrier();
 	budget_destroy(&c->budget);
-	pthread_mutex_destroy(&c->defer_lock);
-	pthread_cond_destroy(&c->defer_cond);
 }
 
 struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,

@@ -7,28 +7,34 @@
  * under RCU.  Folios are charged to the budget group that brought them in and
  * sit on that group's LRU lists.  The cache knows nothing of FUSE or of the
  * file format: a mapping's operations table (struct mapping_ops, the mirror
- * of address_space_operations) fills folios, and readahead/ plugs into the
- * read path through struct cache_ra_ops, as the kernel's filemap_read calls
- * page_cache_sync_ra.
+ * of address_space_operations) fills folios.  Readahead plugs into the read
+ * path through struct cache_ra_ops, as the kernel's filemap_read calls
+ * page_cache_sync_ra; what readahead keeps (per-file windows, per-request
+ * state, its own folio flags) is readahead/'s, reached through the opaque
+ * mapping->ra_private and by embedding struct read_req.
  *
- * Fields other folders may read: folio->index, folio->len, folio->data,
- * folio->mapping, mapping->host, mapping->size, mapping->nr_folios,
- * read_req fields marked "in".
+ * Fields other folders may read: folio->index, ->len, ->data, ->mapping,
+ * ->group, ->flags (through folio_test); mapping->host, ->size, ->nr_folios;
+ * the read_req fields marked "in".
  */
 #ifndef ZF_CACHE_H
 #define ZF_CACHE_H
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <urcu-qsbr.h>
 #include <urcu/list.h>
 
 #include "../accounting/accounting.h"
 
-/* Folio flags: bits of folio->flags, mirrors of the kernel's page flags. */
+/*
+ * Folio flags: bits of folio->flags, mirrors of the kernel's page flags.
+ * Bits from FOLIO_NR_CACHE_FLAGS up belong to readahead/ (readahead.h):
+ * the cache stores them and never looks at them.
+ */
 enum folio_flag {
 	FOLIO_UPTODATE,   /* data is filled and verified */
 	FOLIO_LOCKED,     /* I/O in flight; waiters sleep on it */
@@ -40,14 +46,10 @@ enum folio_flag {
 	FOLIO_HOT,        /* read without references, freed after a GP */
 	FOLIO_ACCESSED,   /* ever read since it came in */
 	FOLIO_SPECULATIVE,/* brought in by readahead, not by a demand read */
-	FOLIO_READAROUND, /* brought in by read-around */
-	FOLIO_BEHIND,     /* read around, before the fault that read it */
-	FOLIO_JUDGED,     /* read-around judged unused at the next miss */
 	FOLIO_ON_LRU,     /* on its group's LRU lists */
 	FOLIO_SPARED,     /* reclaim gave it a second chance (referenced) */
+	FOLIO_NR_CACHE_FLAGS
 };
-
-#define FOLIO_MAX_BYTES (16u << 20) /* largest folio the cache holds */
 
 struct mapping;
 
@@ -62,27 +64,30 @@ struct folio {
 	struct mapping *mapping;
 	struct group *group;
 	struct cds_list_head lru; /* under the group's LRU lock */
-	struct folio *defer_next; /* on the deferred-free list */
+	union {
+		struct folio *evict_next; /* on a reclaim pass's free list */
+		struct rcu_head rcu;      /* freed after a grace period */
+	};
 };
 
-static inline bool folio_test(const struct folio *f, enum folio_flag b)
+static inline bool folio_test(const struct folio *f, unsigned int b)
 {
 	return atomic_load_explicit(&f->flags, memory_order_acquire) &
 	       (1u << b);
 }
 
-static inline void folio_set(struct folio *f, enum folio_flag b)
+static inline void folio_set(struct folio *f, unsigned int b)
 {
 	atomic_fetch_or_explicit(&f->flags, 1u << b, memory_order_release);
 }
 
-static inline void folio_clear(struct folio *f, enum folio_flag b)
+static inline void folio_clear(struct folio *f, unsigned int b)
 {
 	atomic_fetch_and_explicit(&f->flags, ~(1u << b), memory_order_release);
 }
 
 /* Returns whether the flag was set before. */
-static inline bool folio_test_clear(struct folio *f, enum folio_flag b)
+static inline bool folio_test_clear(struct folio *f, unsigned int b)
 {
 	return atomic_fetch_and_explicit(&f->flags, ~(1u << b),
 					 memory_order_acq_rel) &
@@ -90,10 +95,11 @@ static inline bool folio_test_clear(struct folio *f, enum folio_flag b)
 }
 
 /*
- * A batch of folios to fill, contiguous in the file: what ops->readahead
- * gets (struct readahead_control's counterpart).  folios[i] is the folio
- * for index start + i.  The filesystem reads all of them and decodes each
- * one when asked; decoding marks nothing, the engine does.
+ * A batch of folios to fill, contiguous in the file: what ops->submit gets
+ * (struct readahead_control's counterpart).  folios[i] is the folio for
+ * index start + i, or NULL where nothing is to be read.  The filesystem
+ * reads all of them and decodes each one when asked; decoding marks
+ * nothing, the engine does.
  */
 struct fill_batch {
 	struct mapping *mapping;
@@ -113,6 +119,7 @@ struct fill_batch {
  *  - finish(): release what submit() took.
  *  - read_into(): fill one folio's content into a plain buffer (the bounce
  *    path: the data is not cached).
+ *  - release(): the mapping's last reference went.
  */
 struct mapping_ops {
 	int (*submit)(struct fill_batch *b);
@@ -120,7 +127,7 @@ struct mapping_ops {
 	void (*finish)(struct fill_batch *b);
 	int (*read_into)(struct mapping *m, void *io_ctx, unsigned long index,
 			 void *buf);
-	void (*release)(struct mapping *m); /* the last reference went */
+	void (*release)(struct mapping *m);
 };
 
 struct cache;
@@ -140,41 +147,12 @@ struct mapping {
 };
 
 /*
- * Per open file readahead state: mirrors struct file_ra_state.  Positions in
- * 4 KiB pages.  The cache reads and writes prev_pos; readahead/ owns the
- * rest.  Readers sharing a file description race on it as in the kernel;
- * the lock keeps each decision whole.
+ * What the cache keeps per open file: where its last read ended (the
+ * kernel's file_ra_state.prev_pos), so that small reads that stay in one
+ * folio count as one access.  readahead/'s per-file state embeds it.
  */
-struct file_ra_state {
-	pthread_mutex_t lock;
-	unsigned long start;      /* first page of the current window */
-	unsigned long size;       /* pages in it */
-	unsigned long async_size; /* pages ahead of the marker */
-	unsigned long ra_pages;   /* the most a window may hold */
-	atomic_llong prev_pos;    /* byte just past the last read, or -1 */
-	unsigned int walkoffs;    /* faults in a row just past the window */
-	void *owner;              /* readahead/'s per-file extras */
-};
-
-/* What the cache calls in readahead/ (registered by readahead_init). */
-struct read_req;
-struct cache_ra_ops {
-	/* A miss at index: bring in at least [index, last] (demand) and
-	 * whatever the readahead state says. 0, or a negative errno. */
-	int (*sync_ra)(struct read_req *rq, unsigned long index,
-		       unsigned long last);
-	/* The reader reached a folio with the readahead marker. */
-	void (*async_ra)(struct read_req *rq, struct folio *f,
-			 unsigned long last);
-	/* After the reply: complete the deferred part of windows. */
-	void (*finish)(struct read_req *rq);
-	/* A read-around folio read for the first time. */
-	void (*folio_used)(struct folio *f);
-	/* A read-around folio evicted unread (called under the LRU lock,
-	 * while f->mapping is alive). */
-	void (*folio_unused)(struct folio *f);
-	/* The mapping is going away: free what readahead hung on it. */
-	void (*mapping_gone)(struct mapping *m);
+struct file_read_state {
+	atomic_llong prev_pos; /* byte just past the last read, or -1 */
 };
 
 #define READ_REQ_MAX_FOLIOS 512
@@ -183,32 +161,49 @@ struct cache_ra_ops {
 struct read_req {
 	/* in */
 	struct mapping *mapping;
-	struct file_ra_state *ra; /* the open file's, or NULL */
+	struct file_read_state *file; /* the open file's, or NULL */
 	struct group *group;
 	void *io_ctx;
 	uint64_t pos;
 	size_t len;
 	bool fault;      /* a page-cache fill (mmap), not a read() */
-	bool readaround; /* the window being read is read-around */
 	/* out, for the reply */
 	struct iovec iov[READ_REQ_MAX_FOLIOS];
 	int niov;
 	size_t bytes;
-	/* held until after the reply */
+	bool waited_io; /* pgmajfault */
+	/* pinned until after the reply */
 	struct folio *held[READ_REQ_MAX_FOLIOS];
 	int nheld;
-	void *bounce[READ_REQ_MAX_FOLIOS];
+	/* uncached copies (bounce folios), freed after the reply */
+	struct folio *bounce[READ_REQ_MAX_FOLIOS];
 	int nbounce;
 	/* hot folios in the reply without a reference: valid only while
 	 * this worker stays RCU-online */
 	struct folio *lockless[READ_REQ_MAX_FOLIOS];
 	int nlockless;
-	bool lockless_used;
 	bool no_lockless; /* restarted: take references only */
-	bool waited_io; /* pgmajfault */
-	/* deferred work of readahead windows, for cache_ra_ops->finish */
-	void *pending;
-	unsigned int ra_reclaims; /* reclaim_for_batch calls so far */
+};
+
+/* What the cache calls in readahead/ (registered by readahead_init). */
+struct cache_ra_ops {
+	/* A miss at index: bring in at least [index, last] (demand) and
+	 * whatever the readahead state says. 0, or a negative errno. */
+	int (*sync_ra)(struct read_req *rq, unsigned long index,
+		       unsigned long last);
+	/* The reader reached a folio with the readahead marker. */
+	void (*async_ra)(struct read_req *rq, struct folio *f,
+			 unsigned long last);
+	/* Complete the request's deferred window work: after the reply, and
+	 * before the request sleeps on another's folio. */
+	void (*finish)(struct read_req *rq);
+	/* A speculative folio read for the first time. */
+	void (*folio_used)(struct folio *f);
+	/* A speculative folio evicted unread (called under the LRU lock,
+	 * while f->mapping is alive). */
+	void (*folio_unused)(struct folio *f);
+	/* The mapping is going away: free what readahead hung on it. */
+	void (*mapping_gone)(struct mapping *m);
 };
 
 typedef int (*cache_reply_fn)(void *arg, const struct iovec *iov, int cnt);
@@ -222,13 +217,7 @@ struct cache {
 	struct budget budget;
 	const struct cache_ra_ops *ra_ops;
 	bool lockless;
-	/* deferred frees (cache/rcu.c) */
-	pthread_mutex_t defer_lock;
-	pthread_cond_t defer_cond;
-	struct folio *defer_head;
-	atomic_long deferred_pages;
-	pthread_t reaper;
-	bool reaper_running, reaper_stop;
+	atomic_long deferred_pages; /* hot data waiting for a grace period */
 };
 
 static inline struct cache *cache_of_group(struct group *g)
@@ -237,7 +226,7 @@ static inline struct cache *cache_of_group(struct group *g)
 				offsetof(struct cache, budget));
 }
 
-/* cache.c: lifetime of the cache and of mappings */
+/* cache.c: lifetime of the cache and of mappings, and their geometry */
 int cache_init(struct cache *c, const struct cache_config *cfg);
 int cache_start(struct cache *c);
 void cache_destroy(struct cache *c);
@@ -254,50 +243,27 @@ uint32_t mapping_folio_len(const struct mapping *m, unsigned long index);
 unsigned int mapping_folio_pages(const struct mapping *m, unsigned long i);
 bool mapping_cached(const struct mapping *m, unsigned long index);
 
-/* folio.c */
-struct folio *folio_alloc(struct mapping *m, unsigned long index,
-			  struct group *g);
+/* folio.c: what a window does with the folios it brings in */
+struct folio *folio_alloc(struct mapping *m, unsigned long index);
 void folio_free_unused(struct folio *f);
 struct folio *folio_lookup(struct mapping *m, unsigned long index);
-bool folio_try_get(struct folio *f);
 void folio_put(struct folio *f);
 int folio_insert(struct mapping *m, struct folio *f);
-void folio_unlock(struct folio *f);
-void folio_wait_locked(struct folio *f);
 void folio_fill_done(struct folio *f, int err);
-bool folio_mark_accessed(struct folio *f);
 
-/* lru.c */
-int lru_group_init(struct group *g, void *priv);
-void lru_group_fini(struct group *g, void *priv);
-int lru_insert(struct folio *f);
-void lru_activate(struct folio *f);
-unsigned long lru_shrink(struct group *g, unsigned long nr,
-			 unsigned long *scanned, void *priv);
-bool lru_remove(struct folio *f);
-
-/* rcu.c: grace periods for the folios lockless readers may look at */
+/* rcu.c: workers' grace-period states (liburcu QSBR) */
 void cache_thread_register(void);
 void cache_thread_unregister(void);
 void cache_thread_online(void);
 void cache_thread_offline(void);
 void cache_quiescent(void);
-void cache_defer_free(struct cache *c, struct folio *f);
-unsigned long cache_expedite(void *cache);
-unsigned long cache_deferred_pages(void *cache);
-int cache_reaper_start(struct cache *c);
-void cache_reaper_stop(struct cache *c);
-void folio_free_now(struct folio *f);
-void folio_release_evicted(struct folio *f);
 
-/* read.c */
-int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg);
+/* read.c: the read path */
 void read_req_init(struct read_req *rq, struct mapping *m,
-		   struct file_ra_state *ra,
-		   struct group *g, void *io_ctx, uint64_t pos, size_t len);
+		   struct file_read_state *file, struct group *g,
+		   void *io_ctx, uint64_t pos, size_t len);
+int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg);
 int cache_fill_batch(struct fill_batch *b, unsigned int i);
-int cache_bounce_folio(struct read_req *rq, unsigned long index,
-		       struct folio **out);
-bool read_pin_lockless(void);
+void file_read_state_init(struct file_read_state *file);
 
 #endif

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
+#include "internal.h"
 
 #define WAIT_TABLE_BITS 8
 
@@ -48,12 +48,11 @@ static struct wait_bucket *folio_waitqueue(const struct folio *f)
 	return &wait_table[h >> (64 - WAIT_TABLE_BITS)];
 }
 
-struct folio *folio_alloc(struct mapping *m, unsigned long index,
-			  struct group *g)
+/* A locked, uncharged folio for slot index of m; the caller charges it. */
+struct folio *folio_alloc(struct mapping *m, unsigned long index)
 {
 	struct folio *f = calloc(1, sizeof(*f));
 
-	(void)g;
 	pthread_once(&wait_once, wait_table_init);
 	if (!f)
 		return NULL;
@@ -85,7 +84,7 @@ struct folio *folio_lookup(struct mapping *m, unsigned long index)
 {
 	if (index >= m->nr_folios)
 		return NULL;
-	/* acquire pairs with the release CAS in folio_insert */
+	/* acquire pairs with the release CAS that publishes f in lru_insert */
 	return atomic_load_explicit(&m->slots[index], memory_order_acquire);
 }
 
@@ -177,6 +176,22 @@ void folio_fill_done(struct folio *f, int err)
 }
 
 /*
+ * The first read of a folio readahead brought in: a readahead hit, and
+ * readahead hears which of its folios get used.
+ */
+static void folio_first_access(struct folio *f, unsigned int old_flags)
+{
+	const struct cache_ra_ops *ops;
+
+	if (!(old_flags & (1u << FOLIO_SPECULATIVE)))
+		return;
+	stat_mod(f->group, STAT_RA_HITS, f->nr_pages);
+	ops = cache_of_group(f->group)->ra_ops;
+	if (ops && ops->folio_used)
+		ops->folio_used(f);
+}
+
+/*
  * Mirrors folio_mark_accessed(): the first access sets referenced, the
  * second activates, and (seed 002) a read of an active, referenced folio
  * makes it hot and returns true.
@@ -189,19 +204,8 @@ bool folio_mark_accessed(struct folio *f)
 		unsigned int old = atomic_fetch_or(&f->flags,
 						   1u << FOLIO_ACCESSED);
 
-		/* the first read of a folio readahead brought in: a hit */
-		if (!(old & (1u << FOLIO_ACCESSED)) &&
-		    (old & (1u << FOLIO_SPECULATIVE)))
-			stat_mod(f->group, STAT_RA_HITS, f->nr_pages);
-		if (!(old & (1u << FOLIO_ACCESSED)) &&
-		    (old & (1u << FOLIO_READAROUND))) {
-			const struct cache_ra_ops *ops =
-				cache_of_group(f->group)->ra_ops;
-
-			stat_mod(f->group, STAT_READAROUND_USED, f->nr_pages);
-			if (ops && ops->folio_used)
-				ops->folio_used(f);
-		}
+		if (!(old & (1u << FOLIO_ACCESSED)))
+			folio_first_access(f, old);
 	}
 	if (!(fl & (1u << FOLIO_REFERENCED))) {
 		folio_set(f, FOLIO_REFERENCED);
@@ -214,10 +218,8 @@ bool folio_mark_accessed(struct folio *f)
 	/* with lockless reads off, nothing needs a grace period */
 	if (!f->mapping->cache->lockless)
 		return false;
-	if (!(fl & (1u << FOLIO_HOT))) {
-		if (!(atomic_fetch_or(&f->flags, 1u << FOLIO_HOT) &
-		      (1u << FOLIO_HOT)))
-			stat_inc(f->group, STAT_HOT_FOLIOS);
-	}
+	if (!(fl & (1u << FOLIO_HOT)) &&
+	    !(atomic_fetch_or(&f->flags, 1u << FOLIO_HOT) & (1u << FOLIO_HOT)))
+		stat_inc(f->group, STAT_HOT_FOLIOS);
 	return true;
 }

@@ -22,7 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "cache.h"
+#include "internal.h"
 
 struct lru {
 	pthread_mutex_t lock;
@@ -169,6 +169,52 @@ static bool folio_freeze(struct folio *f)
 	return atomic_compare_exchange_strong(&f->refcount, &one, 0);
 }
 
+/* inactive tail -> active head, for a folio referenced again (promote) */
+static void promote_one(struct lru *l, struct group *g, struct folio *f)
+{
+	cds_list_move(&f->lru, &l->active);
+	lru_account(f, false, -1);
+	folio_set(f, FOLIO_ACTIVE);
+	lru_account(f, true, 1);
+	stat_mod(g, STAT_PGACTIVATE, f->nr_pages);
+}
+
+/*
+ * folio_check_references() for the folio at the inactive tail: true if it
+ * stays (spared once, or promoted on its second reference).
+ */
+static bool keep_referenced(struct lru *l, struct group *g, struct folio *f)
+{
+	if (!folio_test_clear(f, FOLIO_REFERENCED))
+		return false;
+	if (!folio_test_clear(f, FOLIO_SPARED)) {
+		/* referenced once: a second trip, not eviction */
+		folio_set(f, FOLIO_SPARED);
+		cds_list_move(&f->lru, &l->inactive);
+	} else {
+		promote_one(l, g, f); /* referenced again after its chance */
+	}
+	return true;
+}
+
+/* A speculative folio evicted unread: readahead hears it. */
+static void note_unused(struct group *g, struct folio *f)
+{
+	const struct cache_ra_ops *ops = cache_of_group(g)->ra_ops;
+
+	if (folio_test(f, FOLIO_SPECULATIVE) && !folio_test(f, FOLIO_ACCESSED) &&
+	    ops && ops->folio_unused)
+		ops->folio_unused(f);
+}
+
+/* The inactive list is empty or low: refill it, false if nothing can. */
+static bool inactive_ready(struct lru *l, struct group *g)
+{
+	if (!cds_list_empty(&l->inactive) && !inactive_is_low(l))
+		return true;
+	return deactivate_one(l, g) || !cds_list_empty(&l->inactive);
+}
+
 unsigned long lru_shrink(struct group *g, unsigned long nr,
 			 unsigned long *scanned, void *priv)
 {
@@ -180,51 +226,26 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 	pthread_mutex_lock(&l->lock);
 	/* every folio may be seen twice: once promoted, once evicted */
 	limit = 2 * (l->nr_active + l->nr_inactive) + SWAP_CLUSTER_MAX;
-	while (got < nr && *scanned < limit) {
-		if ((cds_list_empty(&l->inactive) || inactive_is_low(l)) &&
-		    !deactivate_one(l, g) && cds_list_empty(&l->inactive))
-			break;
+	while (got < nr && *scanned < limit && inactive_ready(l, g)) {
 		f = cds_list_entry(l->inactive.prev, struct folio, lru);
 		*scanned += f->nr_pages;
-		if (folio_test_clear(f, FOLIO_REFERENCED)) {
-			if (!folio_test_clear(f, FOLIO_SPARED)) {
-				/* referenced once: a second trip, not eviction */
-				folio_set(f, FOLIO_SPARED);
-				cds_list_move(&f->lru, &l->inactive);
-				continue;
-			}
-			/* referenced again after its second chance: promote */
-			cds_list_move(&f->lru, &l->active);
-			lru_account(f, false, -1);
-			folio_set(f, FOLIO_ACTIVE);
-			lru_account(f, true, 1);
-			stat_mod(g, STAT_PGACTIVATE, f->nr_pages);
+		if (keep_referenced(l, g, f))
 			continue;
-		}
 		if (folio_test(f, FOLIO_LOCKED) || !folio_freeze(f)) {
 			cds_list_move(&f->lru, &l->inactive); /* rotate */
 			continue;
 		}
-		/* read around and never read: read-around sizing hears it */
-		if (folio_test(f, FOLIO_READAROUND) &&
-		    !folio_test(f, FOLIO_ACCESSED)) {
-			const struct cache_ra_ops *ops =
-				cache_of_group(g)->ra_ops;
-
-			if (ops && ops->folio_unused)
-				ops->folio_unused(f);
-		}
+		note_unused(g, f);
 		lru_unlink_locked(f);
-		f->defer_next = freed;
+		f->evict_next = freed;
 		freed = f;
 		got += f->nr_pages;
 	}
 	pthread_mutex_unlock(&l->lock);
+	/* outside the lock: freeing may wait on the allocator */
 	while ((f = freed)) {
-		freed = f->defer_next;
-		f->defer_next = NULL;
+		freed = f->evict_next;
 		folio_release_evicted(f);
 	}
 	return got;
 }
-

@@ -13,21 +13,22 @@
  *  - the data of hot folios (lockless readers copy from it).
  * Other folio data is freed at once, when its last reference drops.
  *
- * Those frees go on one list.  The reaper thread takes the list, waits for a
- * grace period (synchronize_rcu) and frees it; the list is short because
- * grace periods are short (about one request).  Deferred data stays charged
- * to its group until it is really freed, so the budget never lies, and the
- * deferred pages are a statistic.  When reclaim is short of room while pages
- * wait, cache_expedite() does the same on the spot (expedited_gps).
+ * Those frees go to liburcu's call_rcu(), whose thread waits for a grace
+ * period and runs them in batches; grace periods are short (about one
+ * request).  Deferred data stays charged to its group until it is really
+ * freed, so the budget never lies, and the deferred pages are a statistic.
+ * When reclaim is short of room while pages wait, cache_expedite() waits
+ * for the callbacks queued so far (rcu_barrier) on the spot (expedited_gps).
+ * call_rcu() wants an online caller: every thread that frees folios (the
+ * workers, the reclaimer, tests) is registered with cache_thread_register().
  *
  * ThreadSanitizer cannot see QSBR's ordering (plain stores and membarrier),
- * so under TSan each quiescent state is a release and each grace period an
+ * so under TSan each quiescent state is a release and each deferred free an
  * acquire on one address: the happens-before that QSBR really provides.
  */
 #include <stdlib.h>
-#include <urcu-qsbr.h>
 
-#include "cache.h"
+#include "internal.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define ZF_TSAN 1
@@ -86,83 +87,42 @@ void cache_quiescent(void)
 	rcu_quiescent_state();
 }
 
-static void synchronize(void)
+/* The budget's own threads (the reclaimer) in the same states. */
+void cache_thread_state(enum thread_state st, void *priv)
 {
-	synchronize_rcu();
-	tsan_gp();
+	(void)priv;
+	switch (st) {
+	case THREAD_REGISTER:
+		cache_thread_register();
+		break;
+	case THREAD_ONLINE:
+		cache_thread_online();
+		break;
+	case THREAD_OFFLINE:
+		cache_thread_offline();
+		break;
+	case THREAD_UNREGISTER:
+		cache_thread_unregister();
+		break;
+	}
 }
 
-/* The end of a folio after a grace period: its data if deferred, then it. */
-static unsigned long folio_free_deferred(struct cache *c, struct folio *f)
+/* A grace period after folio_release_evicted(): its data if hot, then it. */
+static void folio_free_rcu(struct rcu_head *head)
 {
-	unsigned long pages = 0;
+	struct folio *f = caa_container_of(head, struct folio, rcu);
 
+	tsan_gp();
 	if (f->data) {
-		pages = f->nr_pages;
+		struct cache *c = cache_of_group(f->group);
+
 		free(f->data);
 		uncharge(f->group, f->nr_pages);
-		stat_mod(f->group, STAT_DEFERRED_FREE, -(long)pages);
+		stat_mod(f->group, STAT_DEFERRED_FREE, -(long)f->nr_pages);
 		stat_inc(f->group, STAT_DEFERRED_FREES);
-		atomic_fetch_sub(&c->deferred_pages, (long)pages);
+		atomic_fetch_sub(&c->deferred_pages, (long)f->nr_pages);
 	}
 	free(f);
-	return pages;
-}
-
-void cache_defer_free(struct cache *c, struct folio *f)
-{
-	bool was_empty;
-
-	pthread_mutex_lock(&c->defer_lock);
-	was_empty = !c->defer_head;
-	f->defer_next = c->defer_head;
-	c->defer_head = f;
-	if (was_empty)
-		pthread_cond_signal(&c->defer_cond);
-	pthread_mutex_unlock(&c->defer_lock);
-}
-
-static struct folio *defer_take(struct cache *c)
-{
-	struct folio *list;
-
-	pthread_mutex_lock(&c->defer_lock);
-	list = c->defer_head;
-	c->defer_head = NULL;
-	pthread_mutex_unlock(&c->defer_lock);
-	return list;
-}
-
-static unsigned long defer_free_list(struct cache *c, struct folio *list)
-{
-	unsigned long pages = 0;
-
-	while (list) {
-		struct folio *next = list->defer_next;
-
-		pages += folio_free_deferred(c, list);
-		list = next;
-	}
-	return pages;
-}
-
-/*
- * Wait for a grace period now and free what waited for it.  A worker in
- * the middle of a request first pins the hot folios it is about to reply
- * from; if it cannot, it does not wait (that grace period could free them).
- */
-unsigned long cache_expedite(void *cache)
-{
-	struct cache *c = cache;
-	struct folio *list;
-
-	if (!read_pin_lockless())
-		return 0;
-	list = defer_take(c);
-	if (!list)
-		return 0;
-	synchronize();
-	return defer_free_list(c, list);
 }
 
 unsigned long cache_deferred_pages(void *cache)
@@ -173,53 +133,28 @@ unsigned long cache_deferred_pages(void *cache)
 	return n > 0 ? (unsigned long)n : 0;
 }
 
-static void *reaper_main(void *arg)
+/*
+ * Wait until what waited for a grace period so far is freed, and return
+ * the pages that freed.  A worker in the middle of a request first pins
+ * the hot folios it is about to reply from; if it cannot, it does not wait
+ * (that grace period could free them).  rcu_barrier() takes a QSBR caller
+ * offline while it waits.
+ */
+unsigned long cache_expedite(void *cache)
 {
-	struct cache *c = arg;
+	unsigned long before = cache_deferred_pages(cache), after;
 
-	pthread_mutex_lock(&c->defer_lock);
-	for (;;) {
-		struct folio *list;
-
-		while (!c->defer_head && !c->reaper_stop)
-			pthread_cond_wait(&c->defer_cond, &c->defer_lock);
-		list = c->defer_head;
-		c->defer_head = NULL;
-		if (!list && c->reaper_stop)
-			break;
-		pthread_mutex_unlock(&c->defer_lock);
-		synchronize();
-		defer_free_list(c, list);
-		pthread_mutex_lock(&c->defer_lock);
-	}
-	pthread_mutex_unlock(&c->defer_lock);
-	return NULL;
+	if (!before || !read_pin_lockless())
+		return 0;
+	rcu_barrier();
+	after = cache_deferred_pages(cache);
+	return before > after ? before - after : 0;
 }
 
-int cache_reaper_start(struct cache *c)
+/* Teardown: every deferred free has run. */
+void cache_barrier(void)
 {
-	int err;
-
-	c->reaper_stop = false;
-	err = pthread_create(&c->reaper, NULL, reaper_main, c);
-	if (err)
-		return -err;
-	c->reaper_running = true;
-	return 0;
-}
-
-void cache_reaper_stop(struct cache *c)
-{
-	if (c->reaper_running) {
-		pthread_mutex_lock(&c->defer_lock);
-		c->reaper_stop = true;
-		pthread_cond_signal(&c->defer_cond);
-		pthread_mutex_unlock(&c->defer_lock);
-		pthread_join(c->reaper, NULL);
-		c->reaper_running = false;
-	}
-	/* whatever is left: no reader remains */
-	defer_free_list(c, defer_take(c));
+	rcu_barrier();
 }
 
 /*
@@ -244,10 +179,7 @@ void folio_release_evicted(struct folio *f)
 		f->data = NULL;
 		uncharge(f->group, f->nr_pages);
 	}
-	if (c->reaper_running)
-		cache_defer_free(c, f);
-	else
-		folio_free_deferred(c, f); /* no readers: tests, teardown */
+	call_rcu(&f->rcu, folio_free_rcu);
 }
 
 /* A folio of a mapping going away: nobody can reach it any more. */

@@ -21,30 +21,41 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
+#include "internal.h"
+
+/* How read_get_folio() got its folio. */
+enum read_got {
+	GOT_PINNED,   /* a reference, put after the reply */
+	GOT_LOCKLESS, /* hot: no reference, valid while RCU-online */
+	GOT_BOUNCE,   /* a private, uncached copy */
+};
+
+/* read_get_folio()'s "look the slot up again", never returned further. */
+#define LOOK_AGAIN 1
 
 void read_req_init(struct read_req *rq, struct mapping *m,
-		   struct file_ra_state *ra, struct group *g, void *io_ctx,
-		   uint64_t pos, size_t len)
+		   struct file_read_state *file, struct group *g,
+		   void *io_ctx, uint64_t pos, size_t len)
 {
 	rq->mapping = m;
-	rq->ra = ra;
+	rq->file = file;
 	rq->group = g;
 	rq->io_ctx = io_ctx;
 	rq->pos = pos;
 	rq->len = len;
 	rq->fault = false;
-	rq->readaround = false;
 	rq->niov = 0;
 	rq->bytes = 0;
+	rq->waited_io = false;
 	rq->nheld = 0;
 	rq->nbounce = 0;
 	rq->nlockless = 0;
-	rq->lockless_used = false;
 	rq->no_lockless = false;
-	rq->waited_io = false;
-	rq->pending = NULL;
-	rq->ra_reclaims = 0;
+}
+
+void file_read_state_init(struct file_read_state *file)
+{
+	atomic_init(&file->prev_pos, -1);
 }
 
 /* Fill folio i of batch b and publish the result to its waiters. */
@@ -64,8 +75,17 @@ int cache_fill_batch(struct fill_batch *b, unsigned int i)
 	return err;
 }
 
-/* The uncached path: a private copy of folio index's content. */
-int cache_bounce_folio(struct read_req *rq, unsigned long index,
+static void bounce_free(struct folio *f)
+{
+	free(f->data);
+	free(f);
+}
+
+/*
+ * The uncached path: a private copy of folio index's content.  Errors
+ * (EBADMSG for a damaged frame, ...) reach readers as EIO.
+ */
+static int read_bounce(struct read_req *rq, unsigned long index,
 		       struct folio **out)
 {
 	struct mapping *m = rq->mapping;
@@ -81,33 +101,22 @@ int cache_bounce_folio(struct read_req *rq, unsigned long index,
 	f->index = index;
 	f->mapping = m;
 	f->data = malloc(f->len ? f->len : 1);
-	if (!f->data) {
-		free(f);
-		return -ENOMEM;
-	}
-	err = m->ops->read_into(m, rq->io_ctx, index, f->data);
+	err = f->data ? m->ops->read_into(m, rq->io_ctx, index, f->data)
+		      : -ENOMEM;
 	if (err) {
-		stat_inc(rq->group, err == -EBADMSG ? STAT_CORRUPT_FRAMES
+		if (err != -ENOMEM)
+			stat_inc(rq->group, err == -EBADMSG
+						    ? STAT_CORRUPT_FRAMES
 						    : STAT_IO_ERRORS);
-		free(f->data);
-		free(f);
-		return err;
+		bounce_free(f);
+		return err == -ENOMEM ? err : -EIO;
 	}
 	stat_inc(rq->group, STAT_BOUNCE_READS);
 	stat_mod(rq->group, STAT_DECOMP_BYTES, f->len);
 	rq->waited_io = true;
 	rq->bounce[rq->nbounce++] = f;
 	*out = f;
-	return 0;
-}
-
-/* Errors below (EBADMSG for a damaged frame, ...) reach readers as EIO. */
-static int read_bounce(struct read_req *rq, unsigned long index,
-		       struct folio **out)
-{
-	int err = cache_bounce_folio(rq, index, out);
-
-	return err == -ENOMEM || !err ? err : -EIO;
+	return GOT_BOUNCE;
 }
 
 static bool folio_lockless_ok(const struct folio *f)
@@ -120,92 +129,122 @@ static bool folio_lockless_ok(const struct folio *f)
 	return (fl & need) == need && !(fl & (1u << FOLIO_READAHEAD));
 }
 
-/*
- * Get folio index for the request, pinned (or hot: *lockless), waiting for
- * its fill if it is in flight.  Returns 0, or -EIO.
- */
-static int read_get_folio(struct read_req *rq, unsigned long index,
-			  unsigned long last, struct folio **out,
-			  bool *lockless)
+/* A hot, uptodate folio: reply from it with no reference (seed 002). */
+static bool read_lockless(struct read_req *rq, struct folio *f)
 {
-	struct mapping *m = rq->mapping;
-	struct cache *c = m->cache;
-	bool tried_ra = false, retried = false;
-	struct folio *f;
+	if (!rq->mapping->cache->lockless || rq->no_lockless ||
+	    !folio_lockless_ok(f))
+		return false;
+	rq->lockless[rq->nlockless++] = f;
+	stat_inc(rq->group, STAT_LOCKLESS_READS);
+	return true;
+}
+
+/* What read_get_folio() remembers across its lookups of one folio. */
+struct get_state {
+	bool tried_ra; /* readahead ran for this folio */
+	bool retried;  /* a failed speculative fill was read again */
+};
+
+/*
+ * The folio is not cached: readahead brings it in (filemap_get_pages'
+ * page_cache_sync_ra), or after that, a bounce copy serves the read.
+ */
+static int read_miss(struct read_req *rq, unsigned long index,
+		     unsigned long last, struct get_state *st,
+		     struct folio **out)
+{
+	const struct cache_ra_ops *ops = rq->mapping->cache->ra_ops;
 	int err;
 
-	*lockless = false;
+	if (st->tried_ra || !ops)
+		return read_bounce(rq, index, out);
+	stat_inc(rq->group, STAT_CACHE_MISSES);
+	st->tried_ra = true;
+	rq->waited_io = true; /* a major fault: it reads */
+	err = ops->sync_ra(rq, index, last);
+	if (err == -ENOMEM) /* no room even after reclaim */
+		return read_bounce(rq, index, out);
+	return err ? -EIO : LOOK_AGAIN; /* the backing read or its frame */
+}
+
+/*
+ * filemap_update_page(): a pinned folio whose fill is in flight; wait for
+ * it.  -EAGAIN: the request must start over, taking references only.
+ */
+static int read_wait_fill(struct read_req *rq, struct folio *f)
+{
+	const struct cache_ra_ops *ops = rq->mapping->cache->ra_ops;
+
+	if (!folio_test(f, FOLIO_LOCKED))
+		return 0;
+	/*
+	 * Fill our own deferred folios before sleeping on someone else's:
+	 * they may be waiting for ours.
+	 */
+	if (ops)
+		ops->finish(rq);
+	/*
+	 * And sleep RCU-offline, never holding up a grace period that the
+	 * folio's filler may be waiting for: so the lockless folios must be
+	 * pinned first.
+	 */
+	if (!read_pin_lockless())
+		return -EAGAIN;
+	rq->waited_io = true;
+	folio_wait_locked(f);
+	return 0;
+}
+
+/*
+ * Get folio index for the request, pinned, hot (lockless) or bounced,
+ * waiting for its fill if it is in flight: an enum read_got, -EIO, or
+ * -EAGAIN (start the request over with references only).
+ */
+static int read_get_folio(struct read_req *rq, unsigned long index,
+			  unsigned long last, struct folio **out)
+{
+	const struct cache_ra_ops *ops = rq->mapping->cache->ra_ops;
+	struct get_state st = {false, false};
+	struct folio *f;
+	bool again;
+	int r;
+
 	for (;;) {
-		f = folio_lookup(m, index);
+		f = folio_lookup(rq->mapping, index);
 		if (!f) {
-			if (tried_ra || !c->ra_ops)
-				return read_bounce(rq, index, out);
-			stat_inc(rq->group, STAT_CACHE_MISSES);
-			tried_ra = true;
-			rq->waited_io = true; /* a major fault: it reads */
-			err = c->ra_ops->sync_ra(rq, index, last);
-			if (err == -ENOMEM) /* no room even after reclaim */
-				return read_bounce(rq, index, out);
-			if (err)
-				return -EIO; /* the backing read or its frame */
-			continue;
+			r = read_miss(rq, index, last, &st, out);
+			if (r == LOOK_AGAIN)
+				continue;
+			return r;
 		}
-		if (!tried_ra)
+		if (!st.tried_ra)
 			stat_inc(rq->group, STAT_CACHE_HITS);
-		if (c->lockless && !rq->no_lockless && folio_lockless_ok(f)) {
-			*lockless = true;
-			*out = f;
-			rq->lockless[rq->nlockless++] = f;
-			stat_inc(rq->group, STAT_LOCKLESS_READS);
-			return 0;
-		}
+		*out = f;
+		if (read_lockless(rq, f))
+			return GOT_LOCKLESS;
 		if (!folio_try_get(f))
 			continue; /* reclaim is taking it out: look again */
 		/*
 		 * Pinned first: readahead may reclaim and wait for a grace
 		 * period, after which an unpinned f could be gone.
 		 */
-		if (folio_test(f, FOLIO_READAHEAD) && c->ra_ops &&
+		if (ops && folio_test(f, FOLIO_READAHEAD) &&
 		    folio_test_clear(f, FOLIO_READAHEAD))
-			c->ra_ops->async_ra(rq, f, last);
-		if (folio_test(f, FOLIO_LOCKED)) {
-			/*
-			 * Fill our own deferred folios before sleeping on
-			 * someone else's: they may be waiting for ours.
-			 */
-			if (rq->pending && c->ra_ops)
-				c->ra_ops->finish(rq);
-			/*
-			 * And sleep RCU-offline, never holding up a grace
-			 * period that the folio's filler may be waiting for:
-			 * so the lockless folios must be pinned first.
-			 */
-			if (!read_pin_lockless()) {
-				folio_put(f);
-				return -EAGAIN; /* start over, with references */
-			}
-			rq->waited_io = true;
-			folio_wait_locked(f);
+			ops->async_ra(rq, f, last);
+		r = read_wait_fill(rq, f);
+		if (!r && folio_test(f, FOLIO_UPTODATE)) {
+			rq->held[rq->nheld++] = f;
+			return GOT_PINNED;
 		}
-		if (!folio_test(f, FOLIO_UPTODATE)) {
-			/*
-			 * A failed speculative read is dropped quietly: read
-			 * the frame again, now as this request's own.
-			 */
-			bool again = folio_test(f, FOLIO_SPECULATIVE) &&
-				     !retried;
-
-			folio_put(f);
-			if (again) {
-				retried = true;
-				tried_ra = false;
-				continue;
-			}
-			return -EIO;
-		}
-		rq->held[rq->nheld++] = f;
-		*out = f;
-		return 0;
+		/* a failed speculative fill is dropped quietly: read the
+		 * frame again, now as this request's own */
+		again = !r && folio_test(f, FOLIO_SPECULATIVE) && !st.retried;
+		folio_put(f);
+		if (!again)
+			return r ? r : -EIO;
+		st.retried = true;
+		st.tried_ra = false;
 	}
 }
 
@@ -216,8 +255,8 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 static void read_mark_accessed(struct read_req *rq, struct folio *f,
 			       bool first)
 {
-	if (first && rq->ra) {
-		long long prev = atomic_load_explicit(&rq->ra->prev_pos,
+	if (first && rq->file) {
+		long long prev = atomic_load_explicit(&rq->file->prev_pos,
 						      memory_order_relaxed);
 
 		if (prev > 0 &&
@@ -250,7 +289,6 @@ bool read_pin_lockless(void)
 		rq->held[rq->nheld++] = f;
 		rq->nlockless--;
 	}
-	rq->lockless_used = false;
 	return true;
 }
 
@@ -258,69 +296,82 @@ static void read_release(struct read_req *rq)
 {
 	for (int i = 0; i < rq->nheld; i++)
 		folio_put(rq->held[i]);
-	for (int i = 0; i < rq->nbounce; i++) {
-		struct folio *f = rq->bounce[i];
-
-		free(f->data);
-		free(f);
-	}
+	for (int i = 0; i < rq->nbounce; i++)
+		bounce_free(rq->bounce[i]);
 	rq->nheld = rq->nbounce = rq->nlockless = 0;
-	rq->lockless_used = false;
 }
 
-int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
+/* Add folio i's part of the request to the reply. */
+static int read_add_folio(struct read_req *rq, unsigned long i,
+			  unsigned long first, unsigned long last, uint64_t end)
 {
-	struct mapping *m = rq->mapping;
-	struct cache *c = m->cache;
-	uint64_t end = rq->pos + rq->len;
-	unsigned long first, last;
-	int err = 0, rc;
+	const struct mapping *m = rq->mapping;
+	uint64_t fpos = mapping_folio_pos(m, i);
+	uint64_t from = i == first ? rq->pos - fpos : 0;
+	uint64_t to = i == last ? end - fpos : mapping_folio_len(m, i);
+	struct folio *f;
+	int got = read_get_folio(rq, i, last, &f);
 
-	if (end > m->size || end < rq->pos)
-		end = m->size;
-	if (rq->pos >= end)
-		return reply(arg, NULL, 0);
-	stat_inc(rq->group, STAT_PGFAULT);
-	if (rq->fault)
-		stat_inc(rq->group, STAT_FAULT_FILLS);
-	current_rq = rq;
-	first = mapping_index(m, rq->pos);
-	last = mapping_index(m, end - 1);
-restart:
-	for (unsigned long i = first; i <= last; i++) {
-		uint64_t fpos = mapping_folio_pos(m, i);
-		uint64_t from = i == first ? rq->pos - fpos : 0;
-		uint64_t to = i == last ? end - fpos : mapping_folio_len(m, i);
-		struct folio *f;
-		bool lockless;
+	if (got < 0)
+		return got;
+	if (got == GOT_PINNED)
+		read_mark_accessed(rq, f, i == first);
+	rq->iov[rq->niov].iov_base = (char *)f->data + from;
+	rq->iov[rq->niov].iov_len = to - from;
+	rq->niov++;
+	rq->bytes += to - from;
+	return 0;
+}
 
-		if (rq->niov == READ_REQ_MAX_FOLIOS ||
-		    rq->nheld == READ_REQ_MAX_FOLIOS)
-			break; /* a short read: the caller asks for the rest */
-		err = read_get_folio(rq, i, last, &f, &lockless);
+/*
+ * filemap_read()'s loop: the folios of [pos, end), until an error or the
+ * reply is full (a short read: the caller asks for the rest).
+ */
+static int read_folios(struct read_req *rq, uint64_t end)
+{
+	const struct mapping *m = rq->mapping;
+	unsigned long first = mapping_index(m, rq->pos);
+	unsigned long last = mapping_index(m, end - 1), i = first;
+	int err;
+
+	while (i <= last && rq->niov < READ_REQ_MAX_FOLIOS &&
+	       rq->nheld < READ_REQ_MAX_FOLIOS) {
+		err = read_add_folio(rq, i, first, last, end);
 		if (err == -EAGAIN) {
 			/* a lockless folio went away: again, with refs only */
 			read_release(rq);
 			rq->niov = 0;
 			rq->bytes = 0;
 			rq->no_lockless = true;
-			goto restart;
+			i = first;
+			continue;
 		}
 		if (err)
-			break;
-		if (lockless)
-			rq->lockless_used = true;
-		else if (f->group) /* bounce folios have no LRU state */
-			read_mark_accessed(rq, f, i == first);
-		rq->iov[rq->niov].iov_base = (char *)f->data + from;
-		rq->iov[rq->niov].iov_len = to - from;
-		rq->niov++;
-		rq->bytes += to - from;
+			return err;
+		i++;
 	}
+	return 0;
+}
+
+int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
+{
+	const struct cache_ra_ops *ops = rq->mapping->cache->ra_ops;
+	uint64_t end = rq->pos + rq->len;
+	int err, rc;
+
+	if (end > rq->mapping->size || end < rq->pos)
+		end = rq->mapping->size;
+	if (rq->pos >= end)
+		return reply(arg, NULL, 0);
+	stat_inc(rq->group, STAT_PGFAULT);
+	if (rq->fault)
+		stat_inc(rq->group, STAT_FAULT_FILLS);
+	current_rq = rq;
+	err = read_folios(rq, end);
 	if (rq->waited_io)
 		stat_inc(rq->group, STAT_PGMAJFAULT);
-	if (rq->ra)
-		atomic_store_explicit(&rq->ra->prev_pos,
+	if (rq->file)
+		atomic_store_explicit(&rq->file->prev_pos,
 				      (long long)(rq->pos + rq->bytes),
 				      memory_order_relaxed);
 	/*
@@ -334,7 +385,7 @@ restart:
 		rc = reply(arg, rq->iov, rq->niov); /* an error after data: short */
 	read_release(rq);
 	current_rq = NULL;
-	if (c->ra_ops)
-		c->ra_ops->finish(rq);
+	if (ops)
+		ops->finish(rq);
 	return rc;
 }

@@ -81,6 +81,8 @@ int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
 int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 		      struct zseek_index *idx, char *err, size_t errlen);
 void zseek_index_free(struct zseek_index *idx);
+int zseek_content_size(zseek_read_fn rd, void *ctx, uint64_t file_size,
+		       uint64_t *size);
 uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos);
 ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off);
 

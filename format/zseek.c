@@ -582,3 +582,26 @@ bad:
 	s->frame = UINT32_MAX; /* start over next time */
 	return (int)r;
 }
+
+/*
+ * The content size of a .zst file without keeping its index: exact with a
+ * seek table or sized frame headers; a frame whose header has no size
+ * counts its compressed bytes (finding its size would mean decoding it).
+ */
+int zseek_content_size(zseek_read_fn rd, void *ctx, uint64_t file_size,
+		       uint64_t *size)
+{
+	struct zseek_index idx = {0};
+	int r = zseek_parse_seek_table(rd, ctx, file_size, &idx, NULL, 0);
+
+	if (r == -ENOENT)
+		r = zseek_walk_frames(rd, ctx, file_size, &idx, NULL, 0);
+	if (r)
+		return r;
+	*size = 0;
+	for (uint32_t i = 0; i < idx.nframes; i++)
+		*size += idx.frames[i].sized ? idx.frames[i].d_size
+					     : idx.frames[i].c_size;
+	zseek_index_free(&idx);
+	return 0;
+}

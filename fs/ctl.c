@@ -109,15 +109,7 @@ static int write_peak(struct group *g, const char *s)
 	return 0;
 }
 
-struct ctl_file {
-	const char *name;
-	mode_t mode;
-	int (*read)(struct group *g, char *buf, size_t len);
-	int (*write)(struct group *g, const char *s);
-	const char *help;
-};
-
-static const struct ctl_file ctl_files[] = {
+const struct ctl_file ctl_files[] = {
 	{"memory.current", 0444, read_current, NULL,
 	 "bytes charged to the group and below, now"},
 	{"memory.peak", 0644, read_peak, write_peak,
@@ -135,29 +127,8 @@ static const struct ctl_file ctl_files[] = {
 	{"memory.stat.json", 0444, read_json, NULL,
 	 "the same and the limits, as one JSON object"},
 };
-#define NR_CTL_FILES (int)(sizeof(ctl_files) / sizeof(ctl_files[0]))
-
-struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
-			enum znode_kind kind)
-{
-	struct znode *n;
-
-	pthread_mutex_lock(&ds->table_lock);
-	for (n = ds->ctl_nodes; n; n = n->hash_next)
-		if (n->group == g && n->ctl_id == ctl_id)
-			break;
-	if (!n) {
-		n = znode_new(kind, NULL);
-		if (n) {
-			n->group = g;
-			n->ctl_id = ctl_id;
-			n->hash_next = ds->ctl_nodes;
-			ds->ctl_nodes = n;
-		}
-	}
-	pthread_mutex_unlock(&ds->table_lock);
-	return n;
-}
+const int nr_ctl_files = (int)(sizeof(ctl_files) / sizeof(ctl_files[0]));
+#define NR_CTL_FILES nr_ctl_files
 
 int ctl_lookup(struct dataset *ds, struct znode *dir, const char *name,
 	       struct znode **out)

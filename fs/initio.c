@@ -45,7 +45,6 @@
 
 static _Atomic uint64_t init_unique; /* 0: no INIT seen, or answered */
 static atomic_int offered = -1;      /* the kernel offers the flag */
-static atomic_bool granted;
 
 static uint32_t get32(const char *p)
 {
@@ -101,7 +100,6 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
 	memcpy(&flags2, reply + INIT_OUT_FLAGS2, 4);
 	flags2 |= FUSE_DIRECT_IO_ALLOW_MMAP_BIT2;
 	memcpy(reply + INIT_OUT_FLAGS2, &flags2, 4);
-	atomic_store(&granted, true);
 	return write(fd, reply, sizeof(reply));
 }
 
@@ -114,9 +112,4 @@ static const struct fuse_custom_io init_io = {
 int initio_install(struct fuse_session *se)
 {
 	return fuse_session_custom_io(se, &init_io, fuse_session_fd(se));
-}
-
-bool initio_mmap_granted(void)
-{
-	return atomic_load(&granted);
 }

@@ -13,17 +13,20 @@
 #include <fuse_lowlevel.h>
 #include <liburing.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <sys/stat.h>
 
 #include "../readahead/readahead.h"
+#include <urcu/rculfhash.h>
 #include "../format/format.h"
 
 enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
 enum backing_cache { BACKING_DROP, BACKING_KEEP };
 enum backing_io { BACKING_URING, BACKING_PREAD };
-#define KERNEL_RA_AUTO UINT32_MAX
+/* "auto" for an OPT_UINT whose default is auto */
+#define OPT_UINT_AUTO UINT32_MAX
 
-/* Mount options: declared once in mount.c's table. */
+/* Mount options: declared once in options.c's table. */
 struct options {
 	char *dataset;
 	char *mountpoint;
@@ -33,7 +36,7 @@ struct options {
 	uint64_t group_high;
 	unsigned int threads;
 	unsigned int ra_kb;
-	unsigned int kernel_ra_kb; /* KERNEL_RA_AUTO: 4 with cache=engine */
+	unsigned int kernel_ra_kb; /* OPT_UINT_AUTO: 4 with cache=engine */
 	enum readaround_mode readaround;
 	enum cache_mode cache;
 	enum backing_cache backing_cache;
@@ -45,6 +48,27 @@ struct options {
 	bool foreground;
 	bool debug;
 };
+
+enum opt_type { OPT_SIZE, OPT_SIZE_MAX, OPT_UINT, OPT_BOOL, OPT_ENUM,
+		OPT_NAME };
+
+struct opt_desc {
+	const char *name;
+	enum opt_type type;
+	size_t offset;              /* in struct options */
+	const char *def;
+	const char *help;           /* -h, the man page and the README */
+	const char *const *choices; /* OPT_ENUM, OPT_BOOL: index is the value */
+	uint64_t min, max;          /* OPT_SIZE, OPT_UINT */
+};
+
+/* options.c */
+extern const struct opt_desc opt_table[];
+extern const size_t nr_opts;
+int opt_apply(struct options *o, const struct opt_desc *d, const char *val);
+void opt_value_hint(const struct opt_desc *d, char *out, size_t len);
+void options_defaults(struct options *o);
+void options_usage(FILE *out, const char *progname);
 
 enum znode_kind {
 	ZN_DIR,
@@ -78,22 +102,28 @@ struct zfile {
 	struct mapping *mapping;
 };
 
+/*
+ * An inode.  Backing inodes live in the dataset's lock-free table (inode.c)
+ * while the kernel holds lookups on them; control inodes live as long as
+ * the mount.
+ */
 struct znode {
 	uint64_t nodeid;
-	atomic_ulong nlookup;
+	atomic_ulong nlookup; /* the kernel's lookups; 0: being forgotten */
 	enum znode_kind kind;
 	bool decode;    /* files: a .zst served decoded */
-	struct znode *hash_next;
 	dev_t dev;
 	ino_t ino;
+	struct cds_lfht_node hnode; /* in ds->inodes, keyed by (dev, ino, decode) */
+	struct rcu_head rcu;        /* freed a grace period after its forget */
 	char *path;     /* backing path relative to the dataset root */
-	struct stat st; /* the backing lstat at lookup */
 	/* files */
 	pthread_mutex_t lock;
 	struct zfile *file; /* current, indexed at the first getattr or open */
 	/* control files */
 	struct group *group;
 	int ctl_id;
+	struct znode *ctl_next; /* on ds->ctl_nodes */
 };
 
 struct zhandle {
@@ -109,16 +139,19 @@ struct dataset {
 	struct stat root_st;
 	struct cache cache;
 	struct znode *root;
+	struct cds_lfht *inodes; /* backing inodes, see inode.c */
 	struct znode *ctl_root;
-	struct znode *ctl_nodes; /* every control node, by hash_next */
-	pthread_mutex_t table_lock;
-	struct znode **table;
-	size_t table_size, nnodes;
+	pthread_mutex_t ctl_lock;
+	struct znode *ctl_nodes; /* every control node, by ctl_next */
 	uid_t owner;
 	struct fuse_session *se;
 	double attr_timeout;
 	pthread_mutex_t handles_lock;
 	struct cds_list_head handles; /* open handles, see ops.c */
+	/* what df shows, counted once (usage.c) */
+	pthread_mutex_t usage_lock;
+	bool usage_known;
+	uint64_t usage_bytes, usage_entries;
 };
 
 /* The worker that serves the current request: one per thread. */
@@ -127,18 +160,40 @@ struct worker {
 	ZSTD_DCtx *dctx;
 	struct io_uring ring; /* backing reads of this worker's windows */
 	bool ring_ok;
-	struct read_req rq;
+	struct ra_request rq;
 };
 extern __thread struct worker *current_worker;
 struct worker *worker_create(int id, bool ring);
 void worker_destroy(struct worker *w);
 
-/* dataset.c */
+/* dataset.c: the backing tree */
 int dataset_open(struct dataset *ds, struct options *opt, char *err,
 		 size_t errlen);
 void dataset_close(struct dataset *ds);
 struct znode *dataset_lookup(struct dataset *ds, struct znode *parent,
 			     const char *name, int *err);
+int dataset_open_backing(struct dataset *ds, const char *path, int flags);
+int backing_lstat(struct dataset *ds, const char *path, struct stat *st);
+struct dir_entry {
+	char *name;  /* served name */
+	mode_t type;
+	ino_t ino;
+	bool decode; /* a .zst served decoded, as name without ".zst" */
+};
+int dataset_list(struct dataset *ds, struct znode *dir,
+		 struct dir_entry **out, size_t *n);
+void dataset_list_free(struct dir_entry *e, size_t n);
+int dataset_readlink(struct dataset *ds, struct znode *n, char *buf,
+		     size_t len);
+
+/* usage.c: what df shows */
+int dataset_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries);
+
+/* inode.c: the inode table and each file's backing state */
+int inodes_init(struct dataset *ds);
+void inodes_fini(struct dataset *ds);
+struct znode *inode_get(struct dataset *ds, const struct stat *st,
+			bool decode, const char *path);
 struct znode *znode_of(struct dataset *ds, fuse_ino_t ino);
 struct znode *znode_new(enum znode_kind kind, const char *path);
 void znode_free(struct znode *n);
@@ -147,17 +202,6 @@ int znode_stat(struct dataset *ds, struct znode *n, struct stat *st);
 int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 	       struct zfile **out);
 void zfile_put(struct zfile *f);
-int dataset_open_backing(struct dataset *ds, const char *path, int flags);
-struct dir_entry {
-	char *name;  /* served name */
-	mode_t type;
-	ino_t ino;
-};
-int dataset_list(struct dataset *ds, struct znode *dir,
-		 struct dir_entry **out, size_t *n);
-void dataset_list_free(struct dir_entry *e, size_t n);
-int dataset_readlink(struct dataset *ds, struct znode *n, char *buf,
-		     size_t len);
 struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
 			enum znode_kind kind);
 
@@ -166,8 +210,17 @@ extern const struct mapping_ops zfile_mapping_ops;
 void backing_faults_from_env(void);
 int zfile_build_geometry(struct zfile *f);
 
-/* ctl.c */
+/* ctl.c: the control files, declared once in ctl_files[] */
 #define CTL_DIR_ID (-1)
+struct ctl_file {
+	const char *name;
+	mode_t mode;
+	int (*read)(struct group *g, char *buf, size_t len);
+	int (*write)(struct group *g, const char *s);
+	const char *help; /* the man page's text */
+};
+extern const struct ctl_file ctl_files[];
+extern const int nr_ctl_files;
 int ctl_lookup(struct dataset *ds, struct znode *dir, const char *name,
 	       struct znode **out);
 int ctl_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
@@ -179,7 +232,6 @@ int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
 
 /* initio.c */
 int initio_install(struct fuse_session *se);
-bool initio_mmap_granted(void);
 
 /* ops.c */
 extern const struct fuse_lowlevel_ops zfolio_ops;

@@ -26,73 +26,6 @@
 
 #include "internal.h"
 
-enum opt_type { OPT_SIZE, OPT_SIZE_MAX, OPT_UINT, OPT_BOOL, OPT_ENUM,
-		OPT_NAME };
-
-struct opt_desc {
-	const char *name;
-	enum opt_type type;
-	size_t offset;
-	const char *def;
-	const char *help;
-	const char *const *choices; /* OPT_ENUM: index is the value */
-	uint64_t min, max;          /* OPT_SIZE, OPT_UINT */
-};
-
-static const char *const cache_modes[] = {"engine", "kernel", NULL};
-static const char *const reclaim_modes[] = {"batch", "per_folio", NULL};
-static const char *const group_modes[] = {"none", "uid", "cgroup", NULL};
-static const char *const readaround_modes[] = {"adaptive", "fixed", "off",
-					       NULL};
-static const char *const backing_modes[] = {"drop", "keep", NULL};
-static const char *const io_modes[] = {"uring", "pread", NULL};
-
-#define OFF(f) offsetof(struct options, f)
-static const struct opt_desc opt_table[] = {
-	{"budget", OPT_SIZE, OFF(budget), "256M",
-	 "memory for cached file data (K/M/G suffixes)", NULL, 1 << 20,
-	 1ull << 42},
-	{"high", OPT_SIZE_MAX, OFF(high), "max",
-	 "above this, background reclaim brings usage down", NULL, 0,
-	 1ull << 42},
-	{"threads", OPT_UINT, OFF(threads), "0",
-	 "worker threads (0: twice the cores)", NULL, 0, 256},
-	{"cache", OPT_ENUM, OFF(cache), "engine",
-	 "engine: zfolio's cache only (direct_io); kernel: page cache in front",
-	 cache_modes, 0, 0},
-	{"backing_cache", OPT_ENUM, OFF(backing_cache), "drop",
-	 "drop: read the backing files uncached; keep: let the kernel cache "
-	 "them", backing_modes, 0, 0},
-	{"backing_io", OPT_ENUM, OFF(backing_io), "uring",
-	 "backing reads: io_uring batches per window, or pread (valgrind)",
-	 io_modes, 0, 0},
-	{"ra_kb", OPT_UINT, OFF(ra_kb), "128",
-	 "largest readahead window in KiB (btrfs uses 4096)", NULL, 0,
-	 64 << 10},
-	{"readaround", OPT_ENUM, OFF(readaround), "adaptive",
-	 "mmap faults: read around sized by use, fixed ra_kb, or off",
-	 readaround_modes, 0, 0},
-	{"kernel_ra_kb", OPT_UINT, OFF(kernel_ra_kb), "auto",
-	 "the kernel's own read-around for mmap (auto: 4 with cache=engine)",
-	 NULL, 0, 1024},
-	{"ra_reclaim", OPT_ENUM, OFF(ra_reclaim), "batch",
-	 "readahead at the limit: batch reclaim per window, or per_folio",
-	 reclaim_modes, 0, 0},
-	{"lockless", OPT_BOOL, OFF(lockless), "1",
-	 "read hot folios without references (0: always take one)", NULL, 0,
-	 1},
-	{"group_by", OPT_ENUM, OFF(group_by), "none",
-	 "child budget groups per reader: none, uid or cgroup", group_modes, 0,
-	 0},
-	{"group_max", OPT_SIZE_MAX, OFF(group_max), "max",
-	 "memory.max of new groups", NULL, 0, 1ull << 42},
-	{"group_high", OPT_SIZE_MAX, OFF(group_high), "max",
-	 "memory.high of new groups", NULL, 0, 1ull << 42},
-	{"ctl", OPT_NAME, OFF(ctl), ".zfolio",
-	 "name of the control directory at the mount root", NULL, 0, 0},
-};
-#define NR_OPTS (sizeof(opt_table) / sizeof(opt_table[0]))
-
 enum { KEY_HELP, KEY_VERSION };
 
 static const struct fuse_opt fuse_keys[] = {
@@ -104,90 +37,6 @@ static const struct fuse_opt fuse_keys[] = {
 };
 
 static const char *progname = "zfolio";
-
-static int opt_apply(struct options *o, const struct opt_desc *d,
-		     const char *val)
-{
-	void *p = (char *)o + d->offset;
-	uint64_t v;
-	char *end;
-
-	switch (d->type) {
-	case OPT_SIZE:
-	case OPT_SIZE_MAX:
-		if (parse_size(val, &v, d->type == OPT_SIZE_MAX))
-			return -EINVAL;
-		if (v != UINT64_MAX && (v < d->min || v > d->max))
-			return -ERANGE;
-		*(uint64_t *)p = v;
-		return 0;
-	case OPT_UINT:
-		if (strcmp(val, "auto") == 0 && strcmp(d->def, "auto") == 0) {
-			*(unsigned int *)p = KERNEL_RA_AUTO;
-			return 0;
-		}
-		errno = 0;
-		v = strtoull(val, &end, 10);
-		if (errno || end == val || *end || v < d->min || v > d->max)
-			return -EINVAL;
-		*(unsigned int *)p = (unsigned int)v;
-		return 0;
-	case OPT_BOOL:
-		if (strcmp(val, "1") && strcmp(val, "0"))
-			return -EINVAL;
-		*(bool *)p = val[0] == '1';
-		return 0;
-	case OPT_ENUM:
-		for (int i = 0; d->choices[i]; i++)
-			if (strcmp(val, d->choices[i]) == 0) {
-				*(int *)p = i;
-				return 0;
-			}
-		return -EINVAL;
-	case OPT_NAME:
-		if (!*val || strchr(val, '/') || strlen(val) > 255 ||
-		    strcmp(val, ".") == 0 || strcmp(val, "..") == 0)
-			return -EINVAL;
-		free(*(char **)p);
-		*(char **)p = strdup(val);
-		return 0;
-	}
-	return -EINVAL;
-}
-
-static void usage(FILE *out)
-{
-	fprintf(out,
-		"usage: %s DATASET MOUNTPOINT [-o OPTION[,OPTION...]] [-f] "
-		"[-d]\n\n"
-		"Mount a zstd-compressed dataset read-only and serve it from "
-		"zfolio's own\npage cache under a memory budget.  DATASET is "
-		"a directory made by mkzfolio,\nany tree of .zst and plain "
-		"files, or one .zst file.\n\nzfolio options (-o name=value):\n",
-		progname);
-	for (size_t i = 0; i < NR_OPTS; i++) {
-		const struct opt_desc *d = &opt_table[i];
-		char left[48];
-
-		snprintf(left, sizeof(left), "%s=%s", d->name,
-			 d->type == OPT_ENUM ? "MODE"
-			 : d->type == OPT_UINT ? "N"
-			 : d->type == OPT_BOOL ? "0|1"
-			 : d->type == OPT_NAME ? "NAME"
-					       : "SIZE");
-		fprintf(out, "    %-22s %s (default: %s)\n", left, d->help,
-			d->def);
-	}
-	fprintf(out,
-		"\nFUSE and mount options pass through, among them:\n"
-		"    -f                     stay in the foreground\n"
-		"    -d                     debug: print every request "
-		"(implies -f)\n"
-		"    -o allow_other         let other users read the mount\n"
-		"    -o nosuid,nodev        set by default\n\n"
-		"Unmount with: fusermount3 -u MOUNTPOINT\n"
-		"fstab: DATASET MOUNTPOINT fuse.zfolio budget=512M 0 0\n");
-}
 
 struct parse_ctx {
 	struct options *opt;
@@ -216,7 +65,7 @@ static int opt_proc(void *data, const char *arg, int key,
 		}
 		return 1; /* the mountpoint: libfuse takes it */
 	case FUSE_OPT_KEY_OPT:
-		for (size_t i = 0; i < NR_OPTS; i++) {
+		for (size_t i = 0; i < nr_opts; i++) {
 			size_t n = strlen(opt_table[i].name);
 
 			if (strncmp(arg, opt_table[i].name, n) ||
@@ -239,14 +88,50 @@ static int opt_proc(void *data, const char *arg, int key,
 	return 1;
 }
 
+/* The mount at path in /proc/self/mountinfo: its type and source. */
+static bool find_mount(const char *path, char *type, char *source,
+		       size_t len)
+{
+	char line[8192], mp[PATH_MAX], fstype[PATH_MAX], src[PATH_MAX];
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	bool found = false;
+
+	if (!f)
+		return false;
+	while (!found && fgets(line, sizeof(line), f)) {
+		char *sep = strstr(line, " - ");
+
+		if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 ||
+		    sscanf(sep + 3, "%4095s %4095s", fstype, src) != 2)
+			continue;
+		found = strcmp(mp, path) == 0;
+	}
+	fclose(f);
+	if (found) {
+		snprintf(type, len, "%s", fstype);
+		snprintf(source, len, "%s", src);
+	}
+	return found;
+}
+
 static int check_mountpoint(const char *mp)
 {
+	char real[PATH_MAX], type[PATH_MAX], source[PATH_MAX];
 	struct dirent *d;
 	DIR *dir = opendir(mp);
 
 	if (!dir) {
 		fprintf(stderr, "%s: mountpoint %s: %s\n", progname, mp,
 			strerror(errno));
+		return -1;
+	}
+	if (realpath(mp, real) && find_mount(real, type, source,
+					     sizeof(type))) {
+		closedir(dir);
+		fprintf(stderr,
+			"%s: %s is already a mountpoint (%s from %s); unmount "
+			"it first: fusermount3 -u %s\n",
+			progname, mp, type, source, mp);
 		return -1;
 	}
 	while ((d = readdir(dir)))
@@ -350,17 +235,161 @@ static void raise_fd_limit(void)
 	}
 }
 
+/* What main() carries from one step to the next. */
+struct daemon {
+	struct fuse_args args;
+	struct fuse_cmdline_opts fopts;
+	struct options opt;
+	struct parse_ctx pc;
+	struct fuse_session *se;
+	struct dataset ds;
+	bool ds_open;
+};
+
+enum { RUN, EXIT_OK, EXIT_FAIL };
+
+/* Parse the command line (or the fstab line mount(8) passes). */
+static int parse_args(struct daemon *d)
+{
+	options_defaults(&d->opt);
+	d->pc.opt = &d->opt;
+	if (fuse_opt_parse(&d->args, &d->pc, fuse_keys, opt_proc) == -1) {
+		fprintf(stderr, "%s: %s\n", progname,
+			d->pc.error ? d->pc.error
+				    : "cannot parse the options");
+		return EXIT_FAIL;
+	}
+	if (d->pc.help) {
+		options_usage(stdout, progname);
+		return EXIT_OK;
+	}
+	if (d->pc.version) {
+		printf("zfolio %s, libfuse %s, zstd %s\n", ZF_VERSION,
+		       fuse_pkgversion(), ZSTD_versionString());
+		return EXIT_OK;
+	}
+	/* defaults a mount should have; the command line may add more */
+	fuse_opt_add_arg(&d->args, "-odefault_permissions,nosuid,nodev,"
+				   "subtype=zfolio");
+	if (fuse_parse_cmdline(&d->args, &d->fopts) != 0)
+		return EXIT_FAIL;
+	if (!d->opt.dataset || !d->fopts.mountpoint) {
+		fprintf(stderr, "%s: need DATASET and MOUNTPOINT (try -h)\n",
+			progname);
+		return EXIT_FAIL;
+	}
+	return RUN;
+}
+
+/* Everything that can be refused before mounting, with a clear reason. */
+static int check_args(struct daemon *d)
+{
+	struct options *o = &d->opt;
+	char real[PATH_MAX];
+	long cores;
+
+	if (access(o->dataset, R_OK) || !realpath(o->dataset, real)) {
+		fprintf(stderr, "%s: dataset %s: %s\n", progname, o->dataset,
+			strerror(errno));
+		return -1;
+	}
+	/* recorded in /proc/mounts: absolute, whatever the cwd was */
+	free(o->dataset);
+	o->dataset = strdup(real);
+	if (!o->dataset || check_mountpoint(d->fopts.mountpoint))
+		return -1;
+	if (access("/dev/fuse", R_OK | W_OK)) {
+		fprintf(stderr, "%s: cannot use /dev/fuse: %s (is the fuse "
+				"module loaded?)\n",
+			progname, strerror(errno));
+		return -1;
+	}
+	if (o->ra_kb % 4) {
+		fprintf(stderr, "%s: ra_kb must be a multiple of 4\n",
+			progname);
+		return -1;
+	}
+	cores = sysconf(_SC_NPROCESSORS_ONLN);
+	if (!o->threads)
+		o->threads = (unsigned int)(cores > 0 ? 2 * cores : 2);
+	o->foreground = d->fopts.foreground;
+	o->mountpoint = d->fopts.mountpoint;
+	return 0;
+}
+
+/* -o fsname=DATASET, its commas and backslashes escaped for libfuse. */
+static void add_fsname(struct fuse_args *args, const char *dataset)
+{
+	char fsname[PATH_MAX * 2 + 16] = "-ofsname=";
+	size_t k = strlen(fsname);
+
+	for (const char *c = dataset; *c && k < sizeof(fsname) - 3; c++) {
+		if (*c == ',' || *c == '\\')
+			fsname[k++] = '\\';
+		fsname[k++] = *c;
+	}
+	fsname[k] = '\0';
+	fuse_opt_add_arg(args, fsname);
+}
+
+/* The FUSE session, mounted; the dataset must be open. */
+static int mount_session(struct daemon *d)
+{
+	add_fsname(&d->args, d->opt.dataset);
+	d->se = fuse_session_new(&d->args, &zfolio_ops, sizeof(zfolio_ops),
+				 &d->ds);
+	if (!d->se)
+		return -1;
+	d->ds.se = d->se;
+	if (fuse_set_signal_handlers(d->se))
+		return -1;
+	if (fuse_session_mount(d->se, d->fopts.mountpoint)) {
+		fprintf(stderr, "%s: cannot mount on %s\n", progname,
+			d->fopts.mountpoint);
+		return -1;
+	}
+	/* shared mappings of direct_io files: see initio.c */
+	if (d->opt.cache == CACHE_ENGINE && initio_install(d->se))
+		fprintf(stderr, "%s: cannot watch INIT: MAP_SHARED will fail\n",
+			progname);
+	return 0;
+}
+
+/* Detach (unless -f), start the threads and serve until unmounted. */
+static int serve(struct daemon *d)
+{
+	struct loop lp = {.se = d->se,
+			  .ring = d->opt.backing_io == BACKING_URING};
+
+	fuse_daemonize(d->opt.foreground);
+	if (cache_start(&d->ds.cache) || loop_start(&lp, d->opt.threads)) {
+		fprintf(stderr, "%s: cannot start threads\n", progname);
+		fuse_session_unmount(d->se);
+		return -1;
+	}
+	loop_wait(&lp);
+	return 0;
+}
+
+static void daemon_free(struct daemon *d)
+{
+	if (d->se) {
+		fuse_remove_signal_handlers(d->se);
+		fuse_session_destroy(d->se);
+	}
+	if (d->ds_open)
+		dataset_close(&d->ds);
+	free(d->fopts.mountpoint);
+	fuse_opt_free_args(&d->args);
+	free(d->opt.dataset);
+	free(d->opt.ctl);
+	free(d->pc.error);
+}
+
 int main(int argc, char **argv)
 {
-	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-	struct fuse_cmdline_opts fopts = {0};
-	struct options opt = {0};
-	struct parse_ctx pc = {.opt = &opt};
-	struct fuse_session *se = NULL;
-	struct dataset ds;
-	struct loop lp = {0};
+	struct daemon d = {.args = FUSE_ARGS_INIT(argc, argv)};
 	char err[512] = "";
-	long cores;
 	int ret = 1;
 
 	if (argc > 0 && argv[0]) {
@@ -368,117 +397,28 @@ int main(int argc, char **argv)
 
 		progname = s ? s + 1 : argv[0];
 	}
-	for (size_t i = 0; i < NR_OPTS; i++)
-		opt_apply(&opt, &opt_table[i], opt_table[i].def);
-	if (fuse_opt_parse(&args, &pc, fuse_keys, opt_proc) == -1) {
-		fprintf(stderr, "%s: %s\n", progname,
-			pc.error ? pc.error : "cannot parse the options");
-		goto out;
-	}
-	if (pc.help) {
-		usage(stdout);
+	switch (parse_args(&d)) {
+	case EXIT_OK:
 		ret = 0;
+		/* fall through */
+	case EXIT_FAIL:
 		goto out;
 	}
-	if (pc.version) {
-		printf("zfolio %s, libfuse %s, zstd %s\n", ZF_VERSION,
-		       fuse_pkgversion(), ZSTD_versionString());
-		ret = 0;
+	if (check_args(&d))
 		goto out;
-	}
-	/* defaults a mount should have; the command line may add more */
-	fuse_opt_add_arg(&args, "-odefault_permissions,nosuid,nodev,"
-				"subtype=zfolio");
-	if (fuse_parse_cmdline(&args, &fopts) != 0)
-		goto out;
-	if (!opt.dataset || !fopts.mountpoint) {
-		fprintf(stderr, "%s: need DATASET and MOUNTPOINT (try -h)\n",
-			progname);
-		goto out;
-	}
-	if (access(opt.dataset, R_OK)) {
-		fprintf(stderr, "%s: dataset %s: %s\n", progname, opt.dataset,
-			strerror(errno));
-		goto out;
-	}
-	if (check_mountpoint(fopts.mountpoint))
-		goto out;
-	if (access("/dev/fuse", R_OK | W_OK)) {
-		fprintf(stderr, "%s: cannot use /dev/fuse: %s (is the fuse "
-				"module loaded?)\n",
-			progname, strerror(errno));
-		goto out;
-	}
-	cores = sysconf(_SC_NPROCESSORS_ONLN);
-	if (!opt.threads)
-		opt.threads = (unsigned int)(cores > 0 ? 2 * cores : 2);
-	if (opt.ra_kb % 4) {
-		fprintf(stderr, "%s: ra_kb must be a multiple of 4\n",
-			progname);
-		goto out;
-	}
-	opt.foreground = fopts.foreground;
-	opt.mountpoint = fopts.mountpoint;
 	raise_fd_limit();
 	backing_faults_from_env();
 	/* folio buffers come and go: give big ones back to the system */
 	mallopt(M_MMAP_THRESHOLD, 64 << 10);
 	mallopt(M_TRIM_THRESHOLD, 1 << 20);
-
-	if (dataset_open(&ds, &opt, err, sizeof(err))) {
+	d.ds_open = true;
+	if (dataset_open(&d.ds, &d.opt, err, sizeof(err))) {
 		fprintf(stderr, "%s: %s\n", progname, err);
 		goto out;
 	}
-	{
-		/* fsname=DATASET, its commas escaped for the option parser */
-		char fsname[8400] = "-ofsname=";
-		size_t k = strlen(fsname);
-
-		for (const char *c = opt.dataset; *c && k < sizeof(fsname) - 3;
-		     c++) {
-			if (*c == ',' || *c == '\\')
-				fsname[k++] = '\\';
-			fsname[k++] = *c;
-		}
-		fsname[k] = '\0';
-		fuse_opt_add_arg(&args, fsname);
-	}
-	se = fuse_session_new(&args, &zfolio_ops, sizeof(zfolio_ops), &ds);
-	if (!se)
-		goto out_ds;
-	ds.se = se;
-	if (fuse_set_signal_handlers(se))
-		goto out_se;
-	if (fuse_session_mount(se, fopts.mountpoint)) {
-		fprintf(stderr, "%s: cannot mount on %s\n", progname,
-			fopts.mountpoint);
-		goto out_sig;
-	}
-	/* shared mappings of direct_io files: see initio.c */
-	if (opt.cache == CACHE_ENGINE && initio_install(se))
-		fprintf(stderr, "%s: cannot watch INIT: MAP_SHARED will fail\n",
-			progname);
-	fuse_daemonize(fopts.foreground);
-	lp.se = se;
-	lp.ring = opt.backing_io == BACKING_URING;
-	if (cache_start(&ds.cache) || loop_start(&lp, opt.threads)) {
-		fprintf(stderr, "%s: cannot start threads\n", progname);
-		fuse_session_unmount(se);
-		goto out_sig;
-	}
-	loop_wait(&lp);
-	ret = 0;
-out_sig:
-	fuse_remove_signal_handlers(se);
-out_se:
-	fuse_session_destroy(se);
-out_ds:
-	dataset_close(&ds);
+	if (!mount_session(&d) && !serve(&d))
+		ret = 0;
 out:
-	free(fopts.mountpoint);
-	fuse_opt_free_args(&args);
-	free(opt.dataset);
-	free(opt.ctl);
-	free(pc.error);
+	daemon_free(&d);
 	return ret;
 }

@@ -436,11 +436,11 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		return;
 	}
 	g = group_for_request(&ds->cache.budget, ctx->uid, ctx->pid);
-	read_req_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
-		      (uint64_t)off, size);
 	/* a page-cache fill (mmap fault) has neither flag nor lock owner */
-	w->rq.fault = !(fi->flags & READ_LOCKOWNER) && !fi->lock_owner;
-	cache_read(&w->rq, reply_iov, req);
+	ra_request_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
+			(uint64_t)off, size,
+			!(fi->flags & READ_LOCKOWNER) && !fi->lock_owner);
+	cache_read(&w->rq.rq, reply_iov, req);
 }
 
 static void zf_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
@@ -484,18 +484,18 @@ static void zf_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	fuse_reply_err(req, 0);
 }
 
+/* The dataset's size and entries, nothing free: see usage.c. */
 static void zf_statfs(fuse_req_t req, fuse_ino_t ino)
 {
 	struct dataset *ds = ds_of(req);
-	struct statvfs sv;
+	struct statvfs sv = {0};
+	uint64_t bytes, entries;
 
 	(void)ino;
-	if (fstatvfs(ds->rootfd, &sv)) {
-		fuse_reply_err(req, errno);
-		return;
-	}
-	sv.f_bfree = sv.f_bavail = 0; /* nothing can be written */
-	sv.f_ffree = sv.f_favail = 0;
+	dataset_usage(ds, &bytes, &entries);
+	sv.f_bsize = sv.f_frsize = ZF_PAGE_SIZE;
+	sv.f_blocks = (fsblkcnt_t)pages_of_bytes(bytes);
+	sv.f_files = (fsfilcnt_t)entries;
 	sv.f_namemax = 255;
 	fuse_reply_statfs(req, &sv);
 }
@@ -597,7 +597,7 @@ static void zf_init(void *userdata, struct fuse_conn_info *conn)
 	 * budget.  With cache=kernel it stays (0 there would make every
 	 * read() a 4 KiB request).
 	 */
-	if (kra == KERNEL_RA_AUTO)
+	if (kra == OPT_UINT_AUTO)
 		kra = ds->opt->cache == CACHE_ENGINE ? 4 : UINT32_MAX;
 	if (kra != UINT32_MAX && kra * 1024u < conn->max_readahead)
 		conn->max_readahead = kra * 1024u;

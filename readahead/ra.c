@@ -29,7 +29,7 @@
  */
 #include <stdint.h>
 
-#include "readahead.h"
+#include "internal.h"
 
 static unsigned long roundup_pow2(unsigned long x)
 {
@@ -60,11 +60,6 @@ unsigned long get_next_ra_size(unsigned long cur, unsigned long max)
 	if (cur <= max / 2)
 		return 2 * cur;
 	return max;
-}
-
-static unsigned long page_of(uint64_t pos)
-{
-	return (unsigned long)(pos >> ZF_PAGE_SHIFT);
 }
 
 static unsigned long folio_of_page(const struct mapping *m, unsigned long pg)
@@ -143,7 +138,7 @@ bool ra_sync_plan(struct file_ra_state *ra, const struct mapping *m,
 		  unsigned long index, unsigned long req, struct ra_plan *p)
 {
 	unsigned long max = ra_max_pages(ra, req);
-	long long prev = atomic_load_explicit(&ra->prev_pos,
+	long long prev = atomic_load_explicit(&ra->pos.prev_pos,
 					      memory_order_relaxed);
 	unsigned long prev_index = (unsigned long)(prev >> ZF_PAGE_SHIFT);
 	bool to_zero;
@@ -242,12 +237,11 @@ bool ra_async_plan(struct file_ra_state *ra, const struct mapping *m,
 
 void file_ra_init(struct file_ra_state *ra, unsigned long ra_pages)
 {
+	file_read_state_init(&ra->pos);
 	pthread_mutex_init(&ra->lock, NULL);
 	ra->start = ra->size = ra->async_size = 0;
 	ra->ra_pages = ra_pages;
-	atomic_init(&ra->prev_pos, -1);
 	ra->walkoffs = 0;
-	ra->owner = NULL;
 }
 
 void file_ra_destroy(struct file_ra_state *ra)

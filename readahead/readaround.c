@@ -5,58 +5,57 @@
  * The kernel reads ra_pages around every mmap fault that misses (4 MiB on
  * btrfs) and backs off only when its miss counter passes MMAP_LOTSAMISS;
  * that counter counts hits at fault time, up to 16 per fault and again for
- * every process mapping the page, so it almost never backs off, and on
- * production hosts 77% of read-around pages are never mapped (seed 000).
+ * every process mapping the page, so it almost never backs off (seed 000).
  *
  * zfolio sees both ends: what it read around, and what reclaim evicts
  * unread.  So each file keeps a read-around window that starts at one
  * frame and
  *   - doubles (up to ra_pages) once a window's worth of read-around
  *     folios has been used (read before eviction),
- *   - halves (down to one frame) once half a window's worth was evicted
- *     unused,
+ *   - halves (down to one frame) once half a window's worth went unused,
  *   - stops after READAROUND_LOTSAMISS unused folios in a row: faults then
  *     read just their folio, with a small probe now and then, until a
  *     read-around folio is used again.
  * Used folios are counted when they are read; unused ones when the next
  * miss finds them still unread (judge_last_window), or else when they are
- * evicted.  Growth needs a whole window's worth used, shrinking half a
- * window's worth unused; growing back to a size that was just shrunk
- * needs GROW_BACK windows' worth, so a reader whose runs fit between two
- * sizes does not swing between them (a 64-page cold burst wasted half of
- * every other window that way).
+ * evicted.  Growing back to a size that was just shrunk needs GROW_BACK
+ * windows' worth used, so a reader whose runs fit between two sizes does
+ * not swing between them.
  *
  * The window is centred on the fault, as the kernel's is, until what was
  * read around *behind* faults has mostly gone unused (BEHIND_MIN folios
  * judged, fewer than 1 in 5 used): readers that run forward from random
- * points, like the seed's cold one, then get windows that start at the
- * fault, with a centred one every PROBE_EVERY windows to see whether that
- * still holds.  (Centred windows waste their back half on such readers:
- * 60-70% of read-around pages went unused at ra_kb=4096, 32% with this.)
- * From four frames up the window carries the kernel's marker a quarter
- * from its end, so faults that walk forward start asynchronous windows
- * that ramp up as read()'s do.  A fault just past the last window is a
- * stream, and gets the on-demand algorithm, once the window has grown
- * that far, or at the STREAM_AFTER-th such fault in a row (windows that
- * cannot grow: ra_kb of one frame).
+ * points then get windows that start at the fault, with a centred one
+ * every PROBE_EVERY windows to see whether that still holds.  From four
+ * frames up the window carries the kernel's marker a quarter from its
+ * end, so faults that walk forward start asynchronous windows that ramp
+ * up as read()'s do.  A fault just past the last window is a stream, and
+ * gets the on-demand algorithm, once the window has grown that far, or at
+ * the STREAM_AFTER-th such fault in a row (windows that cannot grow:
+ * ra_kb of one frame).
  *
  * The state is per file (per mapping), not per open file: a page mapped by
  * many processes is one page, used or not.
  */
 #include <stdlib.h>
 
-#include "readahead.h"
+#include "internal.h"
 
 static enum readaround_mode mode = READAROUND_ADAPTIVE;
 
-/* a probe every PROBE_EVERY misses while stopped */
+/* misses while stopped per probe, and windows per centred check: more
+ * probes notice a change of pattern sooner and waste more when it holds */
 #define PROBE_EVERY 16
-/* read-around behind faults judged over about this many folios */
+/* folios of history on reading behind faults: a longer span is steadier,
+ * a shorter one follows a changing reader faster */
 #define BEHIND_SPAN 64
+/* folios judged before the window may stop reading behind faults */
 #define BEHIND_MIN 8
-/* faults in a row just past the last window that make a stream */
+/* faults in a row just past the window that make a stream: fewer start
+ * streams sooner, and mistake bursts that cross a frame for streams */
 #define STREAM_AFTER 3
-/* growing back to a window that was shrunk takes this many windows used */
+/* windows' worth used to grow back to a size that was shrunk: damps
+ * swinging between two sizes, at the cost of slower regrowth */
 #define GROW_BACK 4
 
 void readaround_set_mode(enum readaround_mode m)
@@ -236,92 +235,124 @@ static unsigned int walked_off_window(struct file_ra_state *ra,
 	return n;
 }
 
-/* A page-cache fill missed: read around it (do_sync_mmap_readahead). */
-int readaround_sync(struct read_req *rq, unsigned long index,
-		    unsigned long last)
+/*
+ * A fault just past the last window is a stream once read-around has
+ * shown the file is read in runs (its window grew past three frames), or
+ * at the STREAM_AFTER-th such fault in a row (a window that cannot grow,
+ * ra_kb of one frame): cold bursts that merely cross a frame or two keep
+ * reading around.
+ */
+static bool fault_is_stream(struct file_ra_state *ra,
+			    struct readaround_state *s, unsigned long pg)
 {
-	struct mapping *m = rq->mapping;
-	unsigned long req, pg = ra_request_pages(rq, index, &req);
-	unsigned long ra_pages = rq->ra ? rq->ra->ra_pages : RA_DEFAULT_PAGES;
-	struct readaround_state *s = NULL;
-	struct ra_plan p = {pg, req, 0};
-	unsigned long f0, f1;
-	unsigned int walkoffs;
-	int r;
+	unsigned int walkoffs = ra ? walked_off_window(ra, pg) : 0;
 
-	if (mode == READAROUND_ADAPTIVE && ra_pages)
-		s = state_of(m, index, ra_pages);
-	if (s)
-		judge_last_window(s, m);
-	/*
-	 * A fault just past the last window is a stream once read-around has
-	 * shown the file is read in runs (its window grew past three frames),
-	 * or at the STREAM_AFTER-th such fault in a row (a window that cannot
-	 * grow, ra_kb of one frame): cold bursts that merely cross a frame or
-	 * two keep reading around.
-	 */
-	walkoffs = rq->ra ? walked_off_window(rq->ra, pg) : 0;
-	if (walkoffs &&
-	    (mode == READAROUND_FIXED ||
-	     (s && (walkoffs >= STREAM_AFTER || readaround_streaming(s)))))
-		return ra_sync_read(rq, index, last);
-	if (mode == READAROUND_FIXED && ra_pages) {
+	if (!walkoffs)
+		return false;
+	return mode == READAROUND_FIXED ||
+	       (s && (walkoffs >= STREAM_AFTER || readaround_streaming(s)));
+}
+
+/* The window around page pg for a request of req pages, by the mode. */
+static struct ra_plan readaround_window(struct read_req *rq,
+					struct readaround_state *s,
+					unsigned long pg, unsigned long req,
+					unsigned long ra_pages)
+{
+	struct ra_plan p = {pg, req, 0};
+
+	if (!ra_pages || mode == READAROUND_OFF)
+		return p;
+	if (mode == READAROUND_FIXED) {
 		p.start = pg > ra_pages / 2 ? pg - ra_pages / 2 : 0;
 		p.size = ra_pages;
 		p.async_size = ra_pages / 4;
-	} else if (mode == READAROUND_ADAPTIVE && ra_pages) {
-		if (!s || !readaround_plan(s, pg, p.size, &p)) {
-			stat_inc(rq->group, STAT_READAROUND_STOPPED);
-			p = (struct ra_plan){pg, req, 0};
-		}
+	} else if (!s || !readaround_plan(s, pg, req, &p)) {
+		stat_inc(rq->group, STAT_READAROUND_STOPPED);
+		p = (struct ra_plan){pg, req, 0};
 	}
-	/*
-	 * Like the kernel, read-around sets the file's window, whole folios:
-	 * its marker is then "ours", and a fault just past it is a stream.
-	 */
-	f0 = mapping_index(m, (uint64_t)p.start << ZF_PAGE_SHIFT);
-	f1 = mapping_index(m, ((uint64_t)(p.start + p.size) << ZF_PAGE_SHIFT) -
-				      1);
+	return p;
+}
+
+/*
+ * Like the kernel, read-around sets the file's window, whole folios
+ * [f0, f1]: its marker is then "ours", and a fault just past it is a
+ * stream.  Read-around remembers the window too, to judge it at the next
+ * miss.
+ */
+static void readaround_record(struct read_req *rq, struct readaround_state *s,
+			      const struct ra_plan *p, unsigned long f0,
+			      unsigned long f1)
+{
+	const struct mapping *m = rq->mapping;
+	struct file_ra_state *ra = ra_req(rq)->ra;
+	uint64_t end = mapping_folio_pos(m, f1) + mapping_folio_len(m, f1);
+
 	if (s) {
 		pthread_mutex_lock(&s->lock);
 		s->last_first = f0;
 		s->last_end = f1 + 1;
 		pthread_mutex_unlock(&s->lock);
 	}
-	if (rq->ra) {
-		uint64_t e = mapping_folio_pos(m, f1) + mapping_folio_len(m, f1);
-
-		pthread_mutex_lock(&rq->ra->lock);
-		rq->ra->start = (unsigned long)(mapping_folio_pos(m, f0) >>
-						ZF_PAGE_SHIFT);
-		rq->ra->size = (unsigned long)((e + ZF_PAGE_SIZE - 1) >>
-					       ZF_PAGE_SHIFT) -
-			       rq->ra->start;
-		rq->ra->async_size = p.async_size < rq->ra->size
-					     ? p.async_size
-					     : rq->ra->size;
-		pthread_mutex_unlock(&rq->ra->lock);
-	}
-	rq->readaround = true;
-	r = ra_window(rq, &p, index, last);
-	rq->readaround = false;
-	return r;
+	if (!ra)
+		return;
+	pthread_mutex_lock(&ra->lock);
+	ra->start = page_of(mapping_folio_pos(m, f0));
+	ra->size = pages_of_bytes(end) - ra->start;
+	ra->async_size = p->async_size < ra->size ? p->async_size : ra->size;
+	pthread_mutex_unlock(&ra->lock);
 }
 
+/* A page-cache fill missed: read around it (do_sync_mmap_readahead). */
+int readaround_sync(struct read_req *rq, unsigned long index,
+		    unsigned long last)
+{
+	struct ra_request *r = ra_req(rq);
+	struct mapping *m = rq->mapping;
+	unsigned long req, pg = ra_request_pages(rq, index, &req);
+	unsigned long ra_pages = r->ra ? r->ra->ra_pages : RA_DEFAULT_PAGES;
+	struct readaround_state *s = NULL;
+	struct ra_plan p;
+	int err;
+
+	if (mode == READAROUND_ADAPTIVE && ra_pages)
+		s = state_of(m, index, ra_pages);
+	if (s)
+		judge_last_window(s, m);
+	if (fault_is_stream(r->ra, s, pg))
+		return ra_sync_read(rq, index, last);
+	p = readaround_window(rq, s, pg, req, ra_pages);
+	readaround_record(rq, s, &p,
+			  mapping_index(m, (uint64_t)p.start << ZF_PAGE_SHIFT),
+			  mapping_index(m, ((uint64_t)(p.start + p.size)
+					    << ZF_PAGE_SHIFT) - 1));
+	r->readaround = true;
+	err = ra_window(rq, &p, index, last);
+	r->readaround = false;
+	return err;
+}
+
+/* A speculative folio read: if it was read around, the window grows. */
 void readaround_used(struct folio *f)
 {
-	struct readaround_state *s = atomic_load(&f->mapping->ra_private);
+	struct readaround_state *s;
 
+	if (!folio_test(f, FOLIO_READAROUND))
+		return;
+	stat_mod(f->group, STAT_READAROUND_USED, f->nr_pages);
+	s = atomic_load(&f->mapping->ra_private);
 	if (s)
 		readaround_feedback(s, true, folio_test(f, FOLIO_BEHIND),
 				    f->nr_pages);
 }
 
+/* A speculative folio evicted unread: if read around, and not judged. */
 void readaround_unused(struct folio *f)
 {
 	struct readaround_state *s = atomic_load(&f->mapping->ra_private);
 
-	if (s && !folio_test(f, FOLIO_JUDGED))
+	if (s && folio_test(f, FOLIO_READAROUND) &&
+	    !folio_test(f, FOLIO_JUDGED))
 		readaround_feedback(s, false, folio_test(f, FOLIO_BEHIND),
 				    f->nr_pages);
 }

@@ -22,32 +22,41 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "readahead.h"
+#include "internal.h"
 
+/* A window's folios in flight, filled after the reply. */
 struct ra_pending {
 	struct fill_batch b;
 	unsigned long demand_first, demand_last;
+	unsigned long spec_pages; /* speculative pages brought in */
 	struct ra_pending *next;
 	struct folio *folios[];
 };
 
-static enum ra_reclaim_mode reclaim_mode_default = RA_RECLAIM_BATCH;
+static enum ra_reclaim_mode reclaim_mode = RA_RECLAIM_BATCH;
 void (*ra_trace_hook)(unsigned long first, unsigned long last,
 		      unsigned long marker);
 
-enum ra_reclaim_mode ra_reclaim_mode(void)
-{
-	return reclaim_mode_default;
-}
-
 void ra_set_reclaim_mode(enum ra_reclaim_mode mode)
 {
-	reclaim_mode_default = mode;
+	reclaim_mode = mode;
 }
 
-static bool in_demand(unsigned long i, unsigned long first, unsigned long last)
+void ra_request_init(struct ra_request *r, struct mapping *m,
+		     struct file_ra_state *ra, struct group *g, void *io_ctx,
+		     uint64_t pos, size_t len, bool fault)
 {
-	return i >= first && i <= last;
+	read_req_init(&r->rq, m, ra ? &ra->pos : NULL, g, io_ctx, pos, len);
+	r->rq.fault = fault;
+	r->ra = ra;
+	r->readaround = false;
+	r->pending = NULL;
+	r->reclaims = 0;
+}
+
+static bool in_demand(const struct ra_pending *p, unsigned long i)
+{
+	return i >= p->demand_first && i <= p->demand_last;
 }
 
 /* Pages of folios [from, to] of m: what the rest of the window needs. */
@@ -63,21 +72,21 @@ static unsigned long window_pages(const struct mapping *m, unsigned long from,
 }
 
 /* Charge a speculative folio, reclaiming as the mode says. */
-static int charge_ra_folio(struct read_req *rq, struct folio *f,
+static int charge_ra_folio(struct ra_request *r, struct folio *f,
 			   unsigned long rest_pages)
 {
-	struct group *g = rq->group;
+	struct group *g = r->rq.group;
 
 	if (charge_speculative(g, f->nr_pages) == 0)
 		return 0;
-	if (ra_reclaim_mode() == RA_RECLAIM_PER_FOLIO) {
+	if (reclaim_mode == RA_RECLAIM_PER_FOLIO) {
 		struct group *over = group_over_limit(g, f->nr_pages);
 
 		reclaim_pass(over ? over : g, f->nr_pages, true);
 		return charge_speculative(g, f->nr_pages);
 	}
-	while (rq->ra_reclaims < READAHEAD_MAX_RECLAIMS) {
-		rq->ra_reclaims++;
+	while (r->reclaims < READAHEAD_MAX_RECLAIMS) {
+		r->reclaims++;
 		if (rest_pages < f->nr_pages)
 			rest_pages = f->nr_pages;
 		if (!reclaim_for_batch(g, rest_pages, true))
@@ -101,113 +110,173 @@ static void pending_free(struct ra_pending *p)
 	free(p);
 }
 
-/*
- * Read folios [first, last] of the request's mapping, the marker on folio
- * marker (or none if ULONG_MAX).  Folios in [demand_first, demand_last] are
- * the request's own.  Returns -ENOMEM if a demand folio could not be
- * charged (the caller bounces it), else 0.
- */
-static int window_read(struct read_req *rq, unsigned long first,
-		       unsigned long last, unsigned long marker,
-		       unsigned long demand_first, unsigned long demand_last)
+static struct ra_pending *pending_alloc(struct read_req *rq,
+					unsigned long first,
+					unsigned long last,
+					unsigned long demand_first,
+					unsigned long demand_last)
 {
-	struct mapping *m = rq->mapping;
-	unsigned int nr = (unsigned int)(last - first + 1), added = 0;
-	unsigned long spec_pages = 0;
-	struct ra_pending *p;
-	int ret = 0;
+	unsigned int nr = (unsigned int)(last - first + 1);
+	struct ra_pending *p = calloc(1, sizeof(*p) + nr * sizeof(p->folios[0]));
 
-	p = calloc(1, sizeof(*p) + nr * sizeof(p->folios[0]));
 	if (!p)
-		return -ENOMEM;
-	for (unsigned long i = first; i <= last; i++) {
-		bool demand = in_demand(i, demand_first, demand_last);
-		struct folio *f;
-		int err;
-
-		if (mapping_cached(m, i))
-			continue;
-		f = folio_alloc(m, i, rq->group);
-		if (!f) {
-			ret = i == demand_first ? -ENOMEM : 0;
-			break;
-		}
-		if (demand)
-			err = charge_demand(rq->group, f->nr_pages);
-		else
-			err = charge_ra_folio(rq, f, window_pages(m, i, last));
-		if (err) {
-			folio_free_unused(f);
-			if (i == demand_first)
-				ret = -ENOMEM; /* the caller bounces it */
-			else if (!demand)
-				stat_inc(rq->group, STAT_RA_EARLY_STOPS);
-			break;
-		}
-		f->group = rq->group;
-		if (!demand)
-			folio_set(f, FOLIO_SPECULATIVE);
-		if (!demand && rq->readaround)
-			folio_set(f, FOLIO_READAROUND);
-		if (!demand && rq->readaround && i < demand_first)
-			folio_set(f, FOLIO_BEHIND);
-		if (i == marker)
-			folio_set(f, FOLIO_READAHEAD);
-		if (folio_insert(m, f)) {
-			folio_free_unused(f); /* another reader's is there */
-			continue;
-		}
-		p->folios[i - first] = f;
-		added++;
-		if (!demand)
-			spec_pages += f->nr_pages;
-	}
-	if (!added) {
-		free(p);
-		return ret;
-	}
-	if (spec_pages && rq->readaround) {
-		stat_inc(rq->group, STAT_READAROUND_WINDOWS);
-		stat_mod(rq->group, STAT_READAROUND_PAGES, (long)spec_pages);
-	} else if (spec_pages) {
-		stat_inc(rq->group, STAT_RA_WINDOWS);
-		stat_mod(rq->group, STAT_RA_PAGES, (long)spec_pages);
-	}
-	mapping_get(m);
-	p->b.mapping = m;
+		return NULL;
+	p->b.mapping = rq->mapping;
 	p->b.io_ctx = rq->io_ctx;
 	p->b.start = first;
 	p->b.nr = nr;
 	p->b.folios = p->folios;
 	p->demand_first = demand_first;
 	p->demand_last = demand_last;
-	if (m->ops->submit(&p->b)) {
+	return p;
+}
+
+/* The flags a new folio of the window carries. */
+static void window_mark(struct ra_request *r, struct ra_pending *p,
+			struct folio *f, unsigned long marker)
+{
+	if (!in_demand(p, f->index)) {
+		folio_set(f, FOLIO_SPECULATIVE);
+		if (r->readaround)
+			folio_set(f, FOLIO_READAROUND);
+		if (r->readaround && f->index < p->demand_first)
+			folio_set(f, FOLIO_BEHIND);
+	}
+	if (f->index == marker)
+		folio_set(f, FOLIO_READAHEAD);
+}
+
+/*
+ * Allocate and charge folio i of the window and put it in its slot.
+ * 1: added; 0: skipped (cached, or another reader's got there); -ENOMEM:
+ * no folio or no charge, the window stops here.
+ */
+static int window_add(struct ra_request *r, struct ra_pending *p,
+		      unsigned long i, unsigned long last, unsigned long marker)
+{
+	struct mapping *m = r->rq.mapping;
+	struct folio *f;
+	int err;
+
+	if (mapping_cached(m, i))
+		return 0;
+	f = folio_alloc(m, i);
+	if (!f)
+		return -ENOMEM;
+	if (in_demand(p, i))
+		err = charge_demand(r->rq.group, f->nr_pages);
+	else
+		err = charge_ra_folio(r, f, window_pages(m, i, last));
+	if (err) {
+		folio_free_unused(f);
+		if (!in_demand(p, i))
+			stat_inc(r->rq.group, STAT_RA_EARLY_STOPS);
+		return -ENOMEM;
+	}
+	f->group = r->rq.group;
+	window_mark(r, p, f, marker);
+	if (folio_insert(m, f)) {
+		folio_free_unused(f); /* another reader's is there */
+		return 0;
+	}
+	p->folios[i - p->b.start] = f;
+	if (!in_demand(p, i))
+		p->spec_pages += f->nr_pages;
+	return 1;
+}
+
+/*
+ * Folios [first, last] into their slots, up to the first that cannot be
+ * had; how many were added.  *nomem: the demand folio had no room (the
+ * caller bounces it).
+ */
+static int window_populate(struct ra_request *r, struct ra_pending *p,
+			   unsigned long last, unsigned long marker,
+			   bool *nomem)
+{
+	int added = 0;
+
+	*nomem = false;
+	for (unsigned long i = p->b.start; i <= last; i++) {
+		int got = window_add(r, p, i, last, marker);
+
+		if (got < 0) {
+			*nomem = i == p->demand_first;
+			break;
+		}
+		added += got;
+	}
+	return added;
+}
+
+static void window_count(struct ra_request *r, const struct ra_pending *p)
+{
+	struct group *g = r->rq.group;
+
+	if (!p->spec_pages)
+		return;
+	stat_inc(g, r->readaround ? STAT_READAROUND_WINDOWS : STAT_RA_WINDOWS);
+	stat_mod(g, r->readaround ? STAT_READAROUND_PAGES : STAT_RA_PAGES,
+		 (long)p->spec_pages);
+}
+
+/* Fill the request's own folios now; -EIO if the one it waits for failed. */
+static int window_fill_demand(struct ra_pending *p)
+{
+	int ret = 0;
+
+	for (unsigned int i = 0; i < p->b.nr; i++) {
+		if (!p->folios[i] || !in_demand(p, p->b.start + i))
+			continue;
+		if (cache_fill_batch(&p->b, i) &&
+		    p->b.start + i == p->demand_first)
+			ret = -EIO;
+		folio_put(p->folios[i]);
+		p->folios[i] = NULL;
+	}
+	return ret;
+}
+
+/*
+ * Read folios [first, last] of the request's mapping, the marker on folio
+ * marker (or none if ULONG_MAX).  Folios in [demand_first, demand_last] are
+ * the request's own: filled now; the rest after the reply.  Returns -ENOMEM
+ * if a demand folio could not be charged (the caller bounces it), -EIO if
+ * the one it needs failed, else 0.
+ */
+static int window_read(struct ra_request *r, unsigned long first,
+		       unsigned long last, unsigned long marker,
+		       unsigned long demand_first, unsigned long demand_last)
+{
+	struct ra_pending *p = pending_alloc(&r->rq, first, last, demand_first,
+					     demand_last);
+	bool nomem;
+	int ret;
+
+	if (!p)
+		return -ENOMEM;
+	if (!window_populate(r, p, last, marker, &nomem)) {
+		free(p);
+		return nomem ? -ENOMEM : 0;
+	}
+	window_count(r, p);
+	mapping_get(p->b.mapping);
+	if (p->b.mapping->ops->submit(&p->b)) {
 		/* nothing was read: every folio fails, readers see EIO */
-		for (unsigned int i = 0; i < nr; i++)
+		for (unsigned int i = 0; i < p->b.nr; i++)
 			if (p->folios[i])
 				folio_fill_done(p->folios[i], -EIO);
 		pending_free(p);
-		return ret;
+		return nomem ? -ENOMEM : 0;
 	}
-	/* the request's own folios first, then reply, then the rest */
-	for (unsigned int i = 0; i < nr; i++)
-		if (p->folios[i] &&
-		    in_demand(first + i, demand_first, demand_last)) {
-			int err = cache_fill_batch(&p->b, i);
-
-			/* the folio the request waits for failed: say so */
-			if (err && first + i == demand_first)
-				ret = -EIO;
-			folio_put(p->folios[i]);
-			p->folios[i] = NULL;
-		}
-	if (spec_pages) {
-		p->next = rq->pending;
-		rq->pending = p;
+	ret = window_fill_demand(p);
+	if (p->spec_pages) {
+		p->next = r->pending;
+		r->pending = p;
 	} else {
 		pending_free(p);
 	}
-	return ret;
+	return nomem ? -ENOMEM : ret;
 }
 
 int ra_window(struct read_req *rq, const struct ra_plan *pl,
@@ -223,8 +292,7 @@ int ra_window(struct read_req *rq, const struct ra_plan *pl,
 	if (pl->async_size)
 		marker = end - pl->async_size;
 	if (((uint64_t)end << ZF_PAGE_SHIFT) > m->size)
-		end = (unsigned long)((m->size + ZF_PAGE_SIZE - 1) >>
-				      ZF_PAGE_SHIFT);
+		end = (unsigned long)pages_of_bytes(m->size);
 	first = mapping_index(m, (uint64_t)pl->start << ZF_PAGE_SHIFT);
 	last = end ? mapping_index(m, ((uint64_t)end << ZF_PAGE_SHIFT) - 1)
 		   : first;
@@ -239,15 +307,17 @@ int ra_window(struct read_req *rq, const struct ra_plan *pl,
 				      : ULONG_MAX;
 	if (ra_trace_hook)
 		ra_trace_hook(first, last, marker);
-	return window_read(rq, first, last, marker, demand_first, demand_last);
+	return window_read(ra_req(rq), first, last, marker, demand_first,
+			   demand_last);
 }
 
 /* After the reply: fill the speculative folios and wake their waiters. */
 void ra_finish(struct read_req *rq)
 {
-	struct ra_pending *p = rq->pending;
+	struct ra_request *r = ra_req(rq);
+	struct ra_pending *p = r->pending;
 
-	rq->pending = NULL;
+	r->pending = NULL;
 	while (p) {
 		struct ra_pending *next = p->next;
 
@@ -257,15 +327,6 @@ void ra_finish(struct read_req *rq)
 		pending_free(p);
 		p = next;
 	}
-}
-
-/* The hooks the cache's read path calls: page_cache_sync/async_ra. */
-static int ra_sync(struct read_req *rq, unsigned long index,
-		   unsigned long last)
-{
-	if (rq->fault)
-		return readaround_sync(rq, index, last);
-	return ra_sync_read(rq, index, last);
 }
 
 /*
@@ -280,9 +341,8 @@ unsigned long ra_request_pages(const struct read_req *rq, unsigned long index,
 	uint64_t pos = rq->pos > fpos ? rq->pos : fpos;
 	uint64_t end = rq->pos + rq->len < m->size ? rq->pos + rq->len
 						   : m->size;
-	unsigned long pg = (unsigned long)(pos >> ZF_PAGE_SHIFT);
-	unsigned long n = (unsigned long)((end + ZF_PAGE_SIZE - 1) >>
-					  ZF_PAGE_SHIFT) - pg;
+	unsigned long pg = page_of(pos);
+	unsigned long n = pages_of_bytes(end) - pg;
 
 	*req = n ? n : 1;
 	return pg;
@@ -291,11 +351,11 @@ unsigned long ra_request_pages(const struct read_req *rq, unsigned long index,
 /* page_cache_sync_ra() for a read(): the on-demand algorithm. */
 int ra_sync_read(struct read_req *rq, unsigned long index, unsigned long last)
 {
-	const struct mapping *m = rq->mapping;
+	struct file_ra_state *ra = ra_req(rq)->ra;
 	unsigned long req, pg = ra_request_pages(rq, index, &req);
 	struct ra_plan p;
 
-	if (!rq->ra || !ra_sync_plan(rq->ra, m, pg, req, &p)) {
+	if (!ra || !ra_sync_plan(ra, rq->mapping, pg, req, &p)) {
 		/* random, or readahead off: exactly what the request needs */
 		p.start = pg;
 		p.size = req;
@@ -304,22 +364,30 @@ int ra_sync_read(struct read_req *rq, unsigned long index, unsigned long last)
 	return ra_window(rq, &p, index, last);
 }
 
+/* The hooks the cache's read path calls: page_cache_sync/async_ra. */
+static int ra_sync(struct read_req *rq, unsigned long index,
+		   unsigned long last)
+{
+	if (rq->fault)
+		return readaround_sync(rq, index, last);
+	return ra_sync_read(rq, index, last);
+}
+
 static void ra_async(struct read_req *rq, struct folio *f, unsigned long last)
 {
 	const struct mapping *m = rq->mapping;
-	uint64_t end = rq->pos + rq->len < m->size ? rq->pos + rq->len
-						   : m->size;
-	unsigned long pg = (unsigned long)(mapping_folio_pos(m, f->index) >>
-					   ZF_PAGE_SHIFT);
-	unsigned long req = (unsigned long)((end + ZF_PAGE_SIZE - 1) >>
-					    ZF_PAGE_SHIFT);
-	unsigned long first;
+	struct file_ra_state *ra = ra_req(rq)->ra;
+	unsigned long req, first;
 	struct ra_plan p;
 
-	if (!rq->ra)
+	if (!ra)
 		return;
-	req = req > pg ? req - pg : 1;
-	if (!ra_async_plan(rq->ra, m, f->index, req, &p))
+	/* from the marked folio's start to the end of the request */
+	req = pages_of_bytes(rq->pos + rq->len < m->size ? rq->pos + rq->len
+							 : m->size);
+	first = page_of(mapping_folio_pos(m, f->index));
+	req = req > first ? req - first : 1;
+	if (!ra_async_plan(ra, m, f->index, req, &p))
 		return;
 	first = mapping_index(m, (uint64_t)p.start << ZF_PAGE_SHIFT);
 	if (first <= last) /* the request itself reaches into the window */

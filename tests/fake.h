@@ -8,7 +8,8 @@
 
 #include <string.h>
 
-#include "../readahead/readahead.h"
+#include "../cache/internal.h"
+#include "../readahead/internal.h"
 #include "check.h"
 
 #define FOLIO 131072u
@@ -114,7 +115,7 @@ static inline struct mapping *fake_mapping(struct cache *c, uint64_t size)
 			      NULL);
 }
 
-static __thread struct read_req *rq;
+static __thread struct ra_request *rq;
 
 static inline void read_at_done(void)
 {
@@ -122,15 +123,23 @@ static inline void read_at_done(void)
 	rq = NULL;
 }
 
-static inline int read_at(struct mapping *m, struct file_ra_state *ra,
-		   struct group *g, uint64_t pos, size_t len, struct sink *s)
+/* One request of the cache's read path, as a worker serves it. */
+static inline int read_req_at(struct mapping *m, struct file_ra_state *ra,
+			      struct group *g, uint64_t pos, size_t len,
+			      bool fault, struct sink *s)
 {
 	if (!rq)
 		rq = malloc(sizeof(*rq));
-	read_req_init(rq, m, ra, g, NULL, pos, len);
-	cache_read(rq, sink_reply, s);
+	ra_request_init(rq, m, ra, g, NULL, pos, len, fault);
+	cache_read(&rq->rq, sink_reply, s);
 	cache_quiescent();
 	return s->err;
+}
+
+static inline int read_at(struct mapping *m, struct file_ra_state *ra,
+		   struct group *g, uint64_t pos, size_t len, struct sink *s)
+{
+	return read_req_at(m, ra, g, pos, len, false, s);
 }
 
 static inline bool bytes_ok(const struct sink *s, uint64_t pos)

@@ -382,13 +382,8 @@ static void test_readaround_sizing(void)
 static void fault_burst(struct env *e, uint64_t pos, int pages)
 {
 	for (int i = 0; i < pages; i++, pos += 4096) {
-		if (!rq)
-			rq = malloc(sizeof(*rq));
-		read_req_init(rq, e->m, &e->ra, &e->c.budget.root, NULL, pos,
-			      4096);
-		rq->fault = true;
-		cache_read(rq, sink_reply, &e->s);
-		cache_quiescent();
+		read_req_at(e->m, &e->ra, &e->c.budget.root, pos, 4096, true,
+			    &e->s);
 		CHECK_EQ(e->s.err, 0);
 		CHECK(bytes_ok(&e->s, pos));
 	}

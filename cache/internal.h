@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cache internals: shared by the files of cache/ only.
+ *
+ * The LRU lists and the reclaim scan (lru.c), grace periods and deferred
+ * frees (rcu.c), the folio reference protocol and waiting (folio.c), and
+ * the read path's bounce and pinning steps (read.c).  Tests may include it.
+ */
+#ifndef ZF_CACHE_INTERNAL_H
+#define ZF_CACHE_INTERNAL_H
+
+#include "cache.h"
+
+/* folio.c */
+bool folio_try_get(struct folio *f);
+void folio_unlock(struct folio *f);
+void folio_wait_locked(struct folio *f);
+bool folio_mark_accessed(struct folio *f);
+
+/* lru.c: each group's active and inactive lists (the budget's shrinker) */
+int lru_group_init(struct group *g, void *priv);
+void lru_group_fini(struct group *g, void *priv);
+int lru_insert(struct folio *f);
+void lru_activate(struct folio *f);
+unsigned long lru_shrink(struct group *g, unsigned long nr,
+			 unsigned long *scanned, void *priv);
+bool lru_remove(struct folio *f);
+
+/* rcu.c: what waits for a grace period */
+void cache_thread_state(enum thread_state st, void *priv);
+unsigned long cache_expedite(void *cache);
+unsigned long cache_deferred_pages(void *cache);
+void cache_barrier(void);
+void folio_release_evicted(struct folio *f);
+void folio_free_now(struct folio *f);
+
+/* read.c */
+bool read_pin_lockless(void);
+
+#endif

@@ -1,0 +1,388 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Inodes: the lock-free table of backing inodes, and each file's backing
+ * state (its fd, frame index and mapping).
+ *
+ * Backing inodes are keyed by (device, inode, decoded) and their FUSE node
+ * id is their address; the kernel's lookup count decides their life.  The
+ * table is liburcu's cds_lfht: lookups take no lock (workers are RCU
+ * readers while they serve a request, QSBR).  A node's lookup count is
+ * taken with increment-unless-zero, and a node at zero no longer matches:
+ * its forget has begun, and a lookup that races with it adds a fresh node
+ * instead.  The forget removes the node from the table and frees it after
+ * a grace period (call_rcu), since a lookup may still be comparing keys.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* Buckets at the start; the table grows itself (CDS_LFHT_AUTO_RESIZE). */
+#define INODES_INIT_BUCKETS 1024
+
+struct inode_key {
+	dev_t dev;
+	ino_t ino;
+	bool decode;
+};
+
+static unsigned long key_hash(const struct inode_key *k)
+{
+	uint64_t h = (uint64_t)k->ino * 0x9E3779B97F4A7C15ull ^
+		     (uint64_t)k->dev ^ (uint64_t)k->decode << 63;
+
+	return (unsigned long)(h ^ (h >> 29));
+}
+
+static int key_match(struct cds_lfht_node *hn, const void *key)
+{
+	const struct znode *n = caa_container_of(hn, struct znode, hnode);
+	const struct inode_key *k = key;
+
+	/* a node being forgotten is nobody's any more */
+	return n->dev == k->dev && n->ino == k->ino && n->decode == k->decode &&
+	       atomic_load_explicit(&n->nlookup, memory_order_acquire) > 0;
+}
+
+/* Increment unless zero: a node at zero is being forgotten. */
+static bool nlookup_get(struct znode *n)
+{
+	unsigned long v = atomic_load_explicit(&n->nlookup,
+					       memory_order_relaxed);
+
+	while (v > 0)
+		if (atomic_compare_exchange_weak_explicit(
+			    &n->nlookup, &v, v + 1, memory_order_acquire,
+			    memory_order_relaxed))
+			return true;
+	return false;
+}
+
+int inodes_init(struct dataset *ds)
+{
+	ds->inodes = cds_lfht_new(INODES_INIT_BUCKETS, INODES_INIT_BUCKETS, 0,
+				  CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING,
+				  NULL);
+	return ds->inodes ? 0 : -ENOMEM;
+}
+
+/* At unmount, from a registered thread: no reader is left. */
+void inodes_fini(struct dataset *ds)
+{
+	struct cds_lfht_iter it;
+	struct znode *n;
+
+	if (!ds->inodes)
+		return;
+	cds_lfht_for_each_entry(ds->inodes, &it, n, hnode) {
+		cds_lfht_del(ds->inodes, &n->hnode);
+		znode_free(n);
+	}
+	cds_lfht_destroy(ds->inodes, NULL);
+	ds->inodes = NULL;
+}
+
+struct znode *znode_new(enum znode_kind kind, const char *path)
+{
+	struct znode *n = calloc(1, sizeof(*n));
+
+	if (!n)
+		return NULL;
+	n->kind = kind;
+	n->path = path ? strdup(path) : NULL;
+	if (path && !n->path) {
+		free(n);
+		return NULL;
+	}
+	n->nodeid = (uint64_t)(uintptr_t)n;
+	pthread_mutex_init(&n->lock, NULL);
+	atomic_init(&n->nlookup, 0);
+	cds_lfht_node_init(&n->hnode);
+	return n;
+}
+
+void znode_free(struct znode *n)
+{
+	if (n->file)
+		zfile_put(n->file);
+	pthread_mutex_destroy(&n->lock);
+	free(n->path);
+	free(n);
+}
+
+static void znode_free_rcu(struct rcu_head *head)
+{
+	znode_free(caa_container_of(head, struct znode, rcu));
+}
+
+struct znode *znode_of(struct dataset *ds, fuse_ino_t ino)
+{
+	if (ino == FUSE_ROOT_ID)
+		return ds->root;
+	return (struct znode *)(uintptr_t)ino;
+}
+
+static enum znode_kind kind_of(mode_t mode)
+{
+	if (S_ISDIR(mode))
+		return ZN_DIR;
+	if (S_ISREG(mode))
+		return ZN_FILE;
+	if (S_ISLNK(mode))
+		return ZN_SYMLINK;
+	return ZN_SPECIAL;
+}
+
+/* The live node for k with one more lookup, or NULL. */
+static struct znode *inode_find(struct dataset *ds, const struct inode_key *k,
+				unsigned long hash)
+{
+	struct cds_lfht_iter it;
+	struct cds_lfht_node *hn;
+	struct znode *n;
+
+	for (;;) {
+		cds_lfht_lookup(ds->inodes, hash, key_match, k, &it);
+		hn = cds_lfht_iter_get_node(&it);
+		if (!hn)
+			return NULL;
+		n = caa_container_of(hn, struct znode, hnode);
+		if (nlookup_get(n))
+			return n;
+		/* forgotten since it matched: it matches no more */
+	}
+}
+
+/*
+ * The node of the backing inode st (decoded or not) with one more lookup:
+ * found, or added with one lookup.  NULL: out of memory.
+ */
+struct znode *inode_get(struct dataset *ds, const struct stat *st,
+			bool decode, const char *path)
+{
+	struct inode_key k = {st->st_dev, st->st_ino, decode};
+	unsigned long hash = key_hash(&k);
+	struct znode *n, *mine = NULL;
+	struct cds_lfht_node *hn;
+
+	rcu_read_lock();
+	while (!(n = inode_find(ds, &k, hash))) {
+		if (!mine) {
+			mine = znode_new(kind_of(st->st_mode), path);
+			if (!mine)
+				break;
+			mine->dev = k.dev;
+			mine->ino = k.ino;
+			mine->decode = decode;
+			atomic_init(&mine->nlookup, 1);
+		}
+		hn = cds_lfht_add_unique(ds->inodes, hash, key_match, &k,
+					 &mine->hnode);
+		if (hn == &mine->hnode) {
+			n = mine;
+			mine = NULL;
+			break;
+		}
+		/* another lookup added it first: take that one */
+	}
+	rcu_read_unlock();
+	if (mine)
+		znode_free(mine);
+	return n;
+}
+
+void znode_forget(struct dataset *ds, struct znode *n, uint64_t nlookup)
+{
+	struct zfile *f;
+
+	if (n == ds->root || n->kind == ZN_CTL_DIR || n->kind == ZN_CTL_FILE)
+		return; /* these live as long as the mount */
+	/* acq_rel: the last forget sees every use the lookups made */
+	if (atomic_fetch_sub_explicit(&n->nlookup, nlookup,
+				      memory_order_acq_rel) != nlookup)
+		return;
+	cds_lfht_del(ds->inodes, &n->hnode);
+	/* the kernel sends nothing more for it: its file can go now */
+	pthread_mutex_lock(&n->lock);
+	f = n->file;
+	n->file = NULL;
+	pthread_mutex_unlock(&n->lock);
+	if (f)
+		zfile_put(f);
+	call_rcu(&n->rcu, znode_free_rcu);
+}
+
+/* --- control inodes: live as long as the mount --- */
+
+struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
+			enum znode_kind kind)
+{
+	struct znode *n;
+
+	pthread_mutex_lock(&ds->ctl_lock);
+	for (n = ds->ctl_nodes; n; n = n->ctl_next)
+		if (n->group == g && n->ctl_id == ctl_id)
+			break;
+	if (!n) {
+		n = znode_new(kind, NULL);
+		if (n) {
+			n->group = g;
+			n->ctl_id = ctl_id;
+			n->ctl_next = ds->ctl_nodes;
+			ds->ctl_nodes = n;
+		}
+	}
+	pthread_mutex_unlock(&ds->ctl_lock);
+	return n;
+}
+
+/* --- files: index, geometry, mapping --- */
+
+void zfile_put(struct zfile *f)
+{
+	mapping_put(f->mapping);
+}
+
+static bool same_backing(const struct stat *a, const struct stat *b)
+{
+	return a->st_ino == b->st_ino && a->st_dev == b->st_dev &&
+	       a->st_size == b->st_size &&
+	       a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+	       a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* What zfile_index() may have made, when it fails. */
+static void zfile_unindex(struct zfile *f)
+{
+	zseek_index_free(&f->idx);
+	free(f->starts);
+	free(f->slot_frame);
+	free(f->slot_skip);
+}
+
+/* Open n's backing file and index its frames. */
+static int zfile_index(struct dataset *ds, struct znode *n, struct zfile *f)
+{
+	char err[256] = "";
+	int r;
+
+	f->fd = dataset_open_backing(ds, n->path, O_RDONLY);
+	if (f->fd < 0)
+		return f->fd;
+	if (fstat(f->fd, &f->st) || !S_ISREG(f->st.st_mode))
+		return -EIO;
+	/*
+	 * zfolio reads whole windows of frames itself: the kernel's readahead
+	 * of the backing file would only bring pages it does not want, into a
+	 * page cache outside the budget.
+	 */
+	posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM);
+	r = zseek_index_build(zseek_pread_fd, &f->fd, (uint64_t)f->st.st_size,
+			      f->decode, &f->idx, err, sizeof(err));
+	if (r) {
+		fprintf(stderr, "zfolio: %s: %s\n", n->path, err);
+		return r == -ENOMEM ? r : -EIO;
+	}
+	return zfile_build_geometry(f);
+}
+
+static int zfile_open(struct dataset *ds, struct znode *n, struct zfile **out)
+{
+	struct zfile *f = calloc(1, sizeof(*f));
+	int r;
+
+	if (!f)
+		return -ENOMEM;
+	f->decode = n->decode;
+	f->fd = -1;
+	atomic_init(&f->dontcache, ds->opt->backing_cache == BACKING_DROP);
+	r = zfile_index(ds, n, f);
+	if (!r) {
+		f->mapping = mapping_create(&ds->cache, &zfile_mapping_ops, f,
+					    f->idx.content_size, f->nslots,
+					    f->folio_size, f->starts);
+		r = f->mapping ? 0 : -ENOMEM;
+	}
+	if (r) {
+		zfile_unindex(f);
+		if (f->fd >= 0)
+			close(f->fd);
+		free(f);
+		return r;
+	}
+	pthread_mutex_init(&f->stream_lock, NULL);
+	if (f->idx.nunsized) /* counted once per file: a slow file */
+		stat_mod(&ds->cache.budget.root, STAT_SLOW_FRAMES,
+			 f->idx.nunsized);
+	*out = f;
+	return 0;
+}
+
+/*
+ * The node's current zfile, with a reference for the caller.  With reopen
+ * (an open), a backing file that changed since it was indexed is indexed
+ * again and the old folios are dropped.
+ */
+int znode_file(struct dataset *ds, struct znode *n, bool reopen,
+	       struct zfile **out)
+{
+	struct stat st;
+	struct zfile *f = NULL;
+	int r = 0;
+
+	if (n->kind != ZN_FILE)
+		return -EISDIR;
+	pthread_mutex_lock(&n->lock);
+	if (n->file && reopen &&
+	    (backing_lstat(ds, n->path, &st) || !same_backing(&st,
+							       &n->file->st))) {
+		mapping_invalidate(n->file->mapping);
+		zfile_put(n->file);
+		n->file = NULL;
+	}
+	if (!n->file)
+		r = zfile_open(ds, n, &n->file);
+	if (!r) {
+		f = n->file;
+		mapping_get(f->mapping);
+	}
+	pthread_mutex_unlock(&n->lock);
+	*out = f;
+	return r;
+}
+
+int znode_stat(struct dataset *ds, struct znode *n, struct stat *st)
+{
+	struct zfile *f;
+	int r;
+
+	if (n->kind == ZN_CTL_DIR || n->kind == ZN_CTL_FILE) {
+		ctl_stat(ds, n, st);
+		return 0;
+	}
+	if (n == ds->root) {
+		*st = ds->root_st;
+		if (ds->single) {
+			st->st_mode = S_IFDIR | 0555;
+			st->st_nlink = 2;
+		}
+		st->st_ino = FUSE_ROOT_ID;
+		return 0;
+	}
+	r = backing_lstat(ds, n->path, st);
+	if (r)
+		return r;
+	if (n->kind == ZN_FILE && n->decode) {
+		/* decoded: the size is the content's; blocks stay on disk */
+		if (znode_file(ds, n, true, &f) == 0) {
+			st->st_size = (off_t)f->idx.content_size;
+			zfile_put(f);
+		}
+	}
+	st->st_blksize = ZSEEK_DEFAULT_FRAME;
+	return 0;
+}

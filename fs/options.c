@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Mount options, declared once in opt_table[]: the parser, the defaults,
+ * zfolio -h, the man page and the README's table all read it (the last
+ * two through doc/gendoc.c, checked by a test).  Options go through
+ * fuse_opt_parse(), so "-o budget=2G" works from the command line, from
+ * /etc/fstab (type fuse.zfolio) and from mount -t fuse.zfolio alike; the
+ * options zfolio does not know pass through to libfuse and the kernel.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const char *const cache_modes[] = {"engine", "kernel", NULL};
+static const char *const reclaim_modes[] = {"batch", "per_folio", NULL};
+static const char *const group_modes[] = {"none", "uid", "cgroup", NULL};
+static const char *const readaround_modes[] = {"adaptive", "fixed", "off",
+					       NULL};
+static const char *const backing_modes[] = {"drop", "keep", NULL};
+static const char *const io_modes[] = {"uring", "pread", NULL};
+static const char *const bool_values[] = {"0", "1", NULL};
+
+#define OFF(f) offsetof(struct options, f)
+const struct opt_desc opt_table[] = {
+	{"budget", OPT_SIZE, OFF(budget), "256M",
+	 "memory for cached file data (K, M, G suffixes); never exceeded",
+	 NULL, 1 << 20, 1ull << 42},
+	{"high", OPT_SIZE_MAX, OFF(high), "max",
+	 "above it, a background reclaimer brings usage down", NULL, 0,
+	 1ull << 42},
+	{"threads", OPT_UINT, OFF(threads), "0",
+	 "worker threads (0: twice the cores)", NULL, 0, 256},
+	{"cache", OPT_ENUM, OFF(cache), "engine",
+	 "engine: zfolio's cache is the only cache of file data (direct_io), "
+	 "inside the budget; kernel: the kernel page cache sits in front, "
+	 "fast for hot data but outside the budget",
+	 cache_modes, 0, 0},
+	{"ra_kb", OPT_UINT, OFF(ra_kb), "128",
+	 "largest readahead window in KiB, a multiple of 4 (btrfs uses 4096)",
+	 NULL, 0, 64 << 10},
+	{"ra_reclaim", OPT_ENUM, OFF(ra_reclaim), "batch",
+	 "at the limit: reclaim once per readahead window, with some "
+	 "headroom (batch), or once per folio like the unpatched kernel "
+	 "(per_folio)",
+	 reclaim_modes, 0, 0},
+	{"readaround", OPT_ENUM, OFF(readaround), "adaptive",
+	 "mmap faults: read around sized by whether its pages get used "
+	 "(adaptive), always ra_kb as the kernel does (fixed), or just the "
+	 "faulting folio (off)",
+	 readaround_modes, 0, 0},
+	{"kernel_ra_kb", OPT_UINT, OFF(kernel_ra_kb), "auto",
+	 "the kernel's own read-around for mmap faults, in KiB; auto is 4 "
+	 "(one page) with cache=engine, so that zfolio reads around into its "
+	 "cache; more speeds sequential mmap at the cost of kernel page cache",
+	 NULL, 0, 1024},
+	{"backing_cache", OPT_ENUM, OFF(backing_cache), "drop",
+	 "drop: read backing files uncached (RWF_DONTCACHE, no kernel "
+	 "readahead), so they take no memory outside the budget; keep: let "
+	 "the kernel cache them",
+	 backing_modes, 0, 0},
+	{"backing_io", OPT_ENUM, OFF(backing_io), "uring",
+	 "backing reads: one io_uring submission per window (uring), or "
+	 "plain pread (for valgrind)",
+	 io_modes, 0, 0},
+	{"lockless", OPT_BOOL, OFF(lockless), "1",
+	 "read hot folios without taking references (0: always take one)",
+	 bool_values, 0, 1},
+	{"group_by", OPT_ENUM, OFF(group_by), "none",
+	 "child budget groups per reader: none, per uid, or per cgroup of "
+	 "the reading process",
+	 group_modes, 0, 0},
+	{"group_max", OPT_SIZE_MAX, OFF(group_max), "max",
+	 "memory.max of new child groups", NULL, 0, 1ull << 42},
+	{"group_high", OPT_SIZE_MAX, OFF(group_high), "max",
+	 "memory.high of new child groups", NULL, 0, 1ull << 42},
+	{"ctl", OPT_NAME, OFF(ctl), ".zfolio",
+	 "name of the control directory at the mount root", NULL, 0, 0},
+};
+const size_t nr_opts = sizeof(opt_table) / sizeof(opt_table[0]);
+
+/* What a value looks like: "SIZE", "N", "engine|kernel". */
+void opt_value_hint(const struct opt_desc *d, char *out, size_t len)
+{
+	struct text t = {out, len, 0};
+
+	switch (d->type) {
+	case OPT_SIZE:
+	case OPT_SIZE_MAX:
+		text_printf(&t, "SIZE");
+		return;
+	case OPT_UINT:
+		text_printf(&t, "N");
+		return;
+	case OPT_NAME:
+		text_printf(&t, "NAME");
+		return;
+	case OPT_BOOL:
+	case OPT_ENUM:
+		for (int i = 0; d->choices[i]; i++)
+			text_printf(&t, "%s%s", i ? "|" : "", d->choices[i]);
+		return;
+	}
+}
+
+static int apply_size(const struct opt_desc *d, uint64_t *p, const char *val)
+{
+	uint64_t v;
+
+	if (parse_size(val, &v, d->type == OPT_SIZE_MAX))
+		return -EINVAL;
+	if (v != UINT64_MAX && (v < d->min || v > d->max))
+		return -ERANGE;
+	*p = v;
+	return 0;
+}
+
+static int apply_uint(const struct opt_desc *d, unsigned int *p,
+		      const char *val)
+{
+	unsigned long long v;
+	char *end;
+
+	if (strcmp(val, "auto") == 0 && strcmp(d->def, "auto") == 0) {
+		*p = OPT_UINT_AUTO;
+		return 0;
+	}
+	errno = 0;
+	v = strtoull(val, &end, 10);
+	if (errno || end == val || *end || v < d->min || v > d->max)
+		return -EINVAL;
+	*p = (unsigned int)v;
+	return 0;
+}
+
+static int apply_choice(const struct opt_desc *d, void *p, const char *val)
+{
+	for (int i = 0; d->choices[i]; i++) {
+		if (strcmp(val, d->choices[i]))
+			continue;
+		if (d->type == OPT_BOOL)
+			*(bool *)p = i;
+		else
+			*(int *)p = i;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static int apply_name(char **p, const char *val)
+{
+	if (!*val || strchr(val, '/') || strlen(val) > 255 ||
+	    strcmp(val, ".") == 0 || strcmp(val, "..") == 0)
+		return -EINVAL;
+	free(*p);
+	*p = strdup(val);
+	return *p ? 0 : -ENOMEM;
+}
+
+/* Set one option from its text; 0 or a negative errno. */
+int opt_apply(struct options *o, const struct opt_desc *d, const char *val)
+{
+	void *p = (char *)o + d->offset;
+
+	switch (d->type) {
+	case OPT_SIZE:
+	case OPT_SIZE_MAX:
+		return apply_size(d, p, val);
+	case OPT_UINT:
+		return apply_uint(d, p, val);
+	case OPT_BOOL:
+	case OPT_ENUM:
+		return apply_choice(d, p, val);
+	case OPT_NAME:
+		return apply_name(p, val);
+	}
+	return -EINVAL;
+}
+
+void options_defaults(struct options *o)
+{
+	memset(o, 0, sizeof(*o));
+	for (size_t i = 0; i < nr_opts; i++)
+		opt_apply(o, &opt_table[i], opt_table[i].def);
+}
+
+/* Print text wrapped at 79 columns, continuation lines at indent. */
+static void print_wrapped(FILE *out, const char *text, int col, int indent)
+{
+	const char *p = text;
+
+	while (*p) {
+		const char *w = p + strcspn(p, " ");
+		int n = (int)(w - p);
+
+		if (col + n + 1 > 79 && col > indent) {
+			fprintf(out, "\n%*s", indent, "");
+			col = indent;
+		} else if (p != text) {
+			fputc(' ', out);
+			col++;
+		}
+		fprintf(out, "%.*s", n, p);
+		col += n;
+		p = *w ? w + 1 : w;
+	}
+	fputc('\n', out);
+}
+
+void options_usage(FILE *out, const char *progname)
+{
+	fprintf(out,
+		"usage: %s DATASET MOUNTPOINT [-o OPTION[,OPTION...]] [-f] "
+		"[-d]\n\n"
+		"Mount a zstd-compressed dataset read-only and serve it from "
+		"zfolio's own\npage cache under a memory budget.  DATASET is "
+		"a directory made by mkzfolio,\nany tree of .zst and plain "
+		"files, or one .zst file.\n\nzfolio options (-o name=value):\n",
+		progname);
+	for (size_t i = 0; i < nr_opts; i++) {
+		const struct opt_desc *d = &opt_table[i];
+		char hint[64], left[96], help[512];
+
+		opt_value_hint(d, hint, sizeof(hint));
+		snprintf(left, sizeof(left), "  %s=%s", d->name, hint);
+		snprintf(help, sizeof(help), "%s (default: %s)", d->help,
+			 d->def);
+		fprintf(out, "%s\n      ", left);
+		print_wrapped(out, help, 6, 6);
+	}
+	fprintf(out,
+		"\nFUSE and mount options pass through, among them:\n"
+		"  -f                 stay in the foreground\n"
+		"  -d                 debug: print every request (implies -f)\n"
+		"  -o allow_other     let other users read the mount\n"
+		"  -o nosuid,nodev    set by default\n"
+		"  -V, --version      print the version and exit\n\n"
+		"Unmount with: fusermount3 -u MOUNTPOINT\n"
+		"fstab: DATASET MOUNTPOINT fuse.zfolio budget=512M 0 0\n");
+}

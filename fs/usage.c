@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: MIT
+/*
+ * What df shows: the dataset, not the disk it lies on.  Its size is the
+ * content it serves (decoded sizes of .zst files), nothing is free (it is
+ * read-only), and its inodes are the entries it serves.  Both are counted
+ * once, by walking the backing tree at the first statfs, and remembered:
+ * the dataset does not change under a mount.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+struct usage {
+	uint64_t bytes, entries;
+};
+
+/* The served size of a regular file: decoded for a .zst served so. */
+static uint64_t file_bytes(struct dataset *ds, const char *path, bool decode)
+{
+	struct stat st;
+	uint64_t size;
+	int fd = dataset_open_backing(ds, path, O_RDONLY);
+
+	if (fd < 0)
+		return 0;
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return 0;
+	}
+	size = (uint64_t)st.st_size;
+	if (decode && zseek_content_size(zseek_pread_fd, &fd, size, &size))
+		size = (uint64_t)st.st_size; /* damaged: its bytes on disk */
+	close(fd);
+	return size;
+}
+
+static char *child_path(const char *dir, const char *name, bool decode)
+{
+	char *p;
+
+	if (asprintf(&p, "%s%s%s%s", strcmp(dir, ".") ? dir : "",
+		     strcmp(dir, ".") ? "/" : "", name, decode ? ".zst" : "") <
+	    0)
+		return NULL;
+	return p;
+}
+
+static void walk(struct dataset *ds, struct znode *dir, struct usage *u)
+{
+	struct dir_entry *e;
+	size_t n;
+
+	if (dataset_list(ds, dir, &e, &n))
+		return;
+	for (size_t i = 0; i < n; i++) {
+		char *path = child_path(dir->path, e[i].name, e[i].decode);
+
+		u->entries++;
+		if (!path)
+			continue;
+		if (S_ISREG(e[i].type)) {
+			u->bytes += file_bytes(ds, path, e[i].decode);
+		} else if (S_ISDIR(e[i].type)) {
+			struct znode sub = {.kind = ZN_DIR, .path = path};
+
+			walk(ds, &sub, u);
+		}
+		free(path);
+	}
+	dataset_list_free(e, n);
+}
+
+int dataset_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries)
+{
+	pthread_mutex_lock(&ds->usage_lock);
+	if (!ds->usage_known) {
+		struct usage u = {0, 1}; /* the root */
+
+		walk(ds, ds->root, &u);
+		ds->usage_bytes = u.bytes;
+		ds->usage_entries = u.entries;
+		ds->usage_known = true;
+	}
+	*bytes = ds->usage_bytes;
+	*entries = ds->usage_entries;
+	pthread_mutex_unlock(&ds->usage_lock);
+	return 0;
+}
