@@ -235,8 +235,11 @@ static void expedite(struct group *g)
  * reclaims up to a watermark: the charges that follow fit without another
  * pass, and reclaim passes become rare instead of per window.
  */
+/* headroom: 1/16 of the limit; more means fewer passes, each evicting
+ * more that may still be wanted */
 #define RECLAIM_HEADROOM_SHIFT 4
-#define RECLAIM_HEADROOM_MAX 2048 /* 8 MiB */
+/* at most 8 MiB a pass, so a big budget does not evict a lot at once */
+#define RECLAIM_HEADROOM_MAX 2048
 
 static unsigned long reclaim_size(struct group *over, unsigned long nr)
 {

@@ -21,6 +21,8 @@
 
 #include "internal.h"
 
+/* 256 wait queues: more means fewer false wakeups between folios, more
+ * memory; the kernel uses the same size */
 #define WAIT_TABLE_BITS 8
 
 struct wait_bucket {

@@ -146,6 +146,7 @@ unsigned long cache_expedite(void *cache)
 
 	if (!before || !read_pin_lockless())
 		return 0;
+	tsan_qs(); /* rcu_barrier() takes this thread offline while it waits */
 	rcu_barrier();
 	after = cache_deferred_pages(cache);
 	return before > after ? before - after : 0;
@@ -154,6 +155,7 @@ unsigned long cache_expedite(void *cache)
 /* Teardown: every deferred free has run. */
 void cache_barrier(void)
 {
+	tsan_qs();
 	rcu_barrier();
 }
 

@@ -96,14 +96,20 @@ void zseek_index_free(struct zseek_index *idx)
 	idx->nframes = 0;
 }
 
-/* Returns -ENOENT if there is no seek table, -EBADMSG if it lies. */
-int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
-			   struct zseek_index *idx, char *err, size_t errlen)
+/* The seek table's place: where its entries start and how it is laid out. */
+struct table_geom {
+	uint32_t n;          /* entries */
+	bool checksum;       /* entries carry a checksum */
+	uint64_t entry_size; /* 8 or 12 bytes */
+	uint64_t table_off;  /* the skippable frame's start: the frames' end */
+};
+
+/* Read and check the footer and the frame header before the entries. */
+static int table_locate(zseek_read_fn rd, void *ctx, uint64_t file_size,
+			struct table_geom *g, char *err, size_t errlen)
 {
 	uint8_t foot[ZSEEK_FOOTER_SIZE], head[8];
-	uint64_t entry_size, table_bytes, frame_bytes, table_off, c = 0, d = 0;
-	uint32_t n, kept = 0;
-	uint8_t *tab;
+	uint64_t table_bytes, frame_bytes;
 	int r;
 
 	if (file_size < ZSEEK_FOOTER_SIZE + 8)
@@ -115,83 +121,111 @@ int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
 			    "cannot read the footer");
 	if (le32(foot + 5) != ZSEEK_FOOTER_MAGIC)
 		return -ENOENT;
-	n = le32(foot);
 	if (foot[4] & 0x7c)
 		return fail(err, errlen, -EBADMSG,
 			    "seek table: reserved descriptor bits set");
-	idx->has_checksum = foot[4] & 0x80;
-	entry_size = idx->has_checksum ? 12 : 8;
-	if (n > ZSEEK_MAX_FRAMES)
+	g->n = le32(foot);
+	g->checksum = foot[4] & 0x80;
+	g->entry_size = g->checksum ? 12 : 8;
+	if (g->n > ZSEEK_MAX_FRAMES)
 		return fail(err, errlen, -EBADMSG,
-			    "seek table: %u frames is over the limit of %u", n,
-			    ZSEEK_MAX_FRAMES);
-	table_bytes = (uint64_t)n * entry_size;
+			    "seek table: %u frames is over the limit of %u",
+			    g->n, ZSEEK_MAX_FRAMES);
+	table_bytes = (uint64_t)g->n * g->entry_size;
 	frame_bytes = table_bytes + ZSEEK_FOOTER_SIZE + 8;
 	if (frame_bytes > file_size)
 		return fail(err, errlen, -EBADMSG,
 			    "seek table: %u frames do not fit in %llu bytes",
-			    n, (unsigned long long)file_size);
-	table_off = file_size - frame_bytes;
-	r = read_exact(rd, ctx, head, sizeof(head), table_off);
+			    g->n, (unsigned long long)file_size);
+	g->table_off = file_size - frame_bytes;
+	r = read_exact(rd, ctx, head, sizeof(head), g->table_off);
 	if (r)
 		return fail(err, errlen, -EIO, "cannot read the seek table");
 	if (le32(head) != ZSEEK_SKIPPABLE_MAGIC ||
 	    le32(head + 4) != table_bytes + ZSEEK_FOOTER_SIZE)
 		return fail(err, errlen, -EBADMSG,
 			    "seek table: frame header does not match footer");
-	tab = malloc(table_bytes ? table_bytes : 1);
-	idx->frames = calloc(n ? n : 1, sizeof(*idx->frames));
-	if (!tab || !idx->frames) {
-		free(tab);
-		free(idx->frames);
-		idx->frames = NULL;
-		return fail(err, errlen, -ENOMEM, "out of memory");
-	}
-	r = read_exact(rd, ctx, tab, table_bytes, table_off + 8);
-	if (r) {
-		free(tab);
-		zseek_index_free(idx);
-		return fail(err, errlen, -EIO, "cannot read the seek table");
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		const uint8_t *e = tab + i * entry_size;
+	return 0;
+}
+
+/* The entries into frames; empty frames hold no content and are dropped. */
+static int table_decode(const struct table_geom *g, const uint8_t *tab,
+			struct zseek_index *idx, char *err, size_t errlen)
+{
+	uint64_t c = 0, d = 0;
+	uint32_t kept = 0;
+
+	for (uint32_t i = 0; i < g->n; i++) {
+		const uint8_t *e = tab + i * g->entry_size;
 		struct zseek_frame *fr = &idx->frames[kept];
 		uint32_t cs = le32(e), ds = le32(e + 4);
 
-		if (ds > ZSEEK_MAX_FRAME_CONTENT || c + cs > table_off) {
-			free(tab);
-			zseek_index_free(idx);
+		if (ds > ZSEEK_MAX_FRAME_CONTENT || c + cs > g->table_off)
 			return fail(err, errlen, -EBADMSG,
 				    "seek table: entry %u is out of bounds",
 				    i);
-		}
 		fr->c_off = c;
 		fr->d_off = d;
 		fr->c_size = cs;
 		fr->d_size = ds;
-		fr->checksum = idx->has_checksum ? le32(e + 8) : 0;
+		fr->checksum = g->checksum ? le32(e + 8) : 0;
 		fr->sized = true;
 		c += cs;
 		d += ds;
-		if (ds) /* skippable or empty frames hold no content */
+		if (ds)
 			kept++;
 	}
-	free(tab);
-	if (c != table_off) {
-		zseek_index_free(idx);
+	if (c != g->table_off)
 		return fail(err, errlen, -EBADMSG,
 			    "seek table: frames cover %llu bytes, file has "
 			    "%llu before the table",
 			    (unsigned long long)c,
-			    (unsigned long long)table_off);
-	}
-	idx->kind = ZSEEK_SEEKABLE;
+			    (unsigned long long)g->table_off);
 	idx->nframes = kept;
 	idx->content_size = d;
 	return 0;
 }
 
-/* Walk one frame's blocks from pos: returns its end, or a negative errno. */
+/* Returns -ENOENT if there is no seek table, -EBADMSG if it lies. */
+int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
+			   struct zseek_index *idx, char *err, size_t errlen)
+{
+	struct table_geom g = {0};
+	uint64_t bytes;
+	uint8_t *tab;
+	int r = table_locate(rd, ctx, file_size, &g, err, errlen);
+
+	if (r)
+		return r;
+	bytes = g.n * g.entry_size;
+	tab = malloc(bytes ? bytes : 1);
+	idx->frames = calloc(g.n ? g.n : 1, sizeof(*idx->frames));
+	if (!tab || !idx->frames) {
+		free(tab);
+		zseek_index_free(idx);
+		return fail(err, errlen, -ENOMEM, "out of memory");
+	}
+	r = read_exact(rd, ctx, tab, bytes, g.table_off + 8);
+	if (r)
+		r = fail(err, errlen, -EIO, "cannot read the seek table");
+	else
+		r = table_decode(&g, tab, idx, err, errlen);
+	free(tab);
+	if (r) {
+		zseek_index_free(idx);
+		return r;
+	}
+	idx->kind = ZSEEK_SEEKABLE;
+	idx->has_checksum = g.checksum;
+	return 0;
+}
+
+/*
+ * Walk one frame's blocks from pos: returns its end, or a negative errno.
+ * ZSTD_findFrameCompressedSize() would need the whole frame in memory; this
+ * reads only the 3-byte block headers through the callback, so a frame of
+ * gigabytes is measured without reading it.
+ */
 static int64_t walk_blocks(zseek_read_fn rd, void *ctx, uint64_t pos,
 			   uint64_t file_size)
 {

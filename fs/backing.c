@@ -75,7 +75,8 @@ static long fault_apply(long res, uint64_t len)
 	return len / 2 ? (long)(len / 2) : res;
 }
 
-/* Reads in flight per worker: windows of up to 32 frames, a few pending. */
+/* Reads in flight per worker: windows of up to 32 frames, a few pending;
+ * deeper rings cost locked memory per worker */
 #define RING_DEPTH 256
 
 struct worker *worker_create(int id, bool ring)

@@ -17,6 +17,7 @@
 
 #include "internal.h"
 
+/* the largest control file text (memory.stat.json of every stat) */
 #define CTL_BUF 16384
 
 static int show_bytes(char *buf, size_t len, long pages)

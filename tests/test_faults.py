@@ -4,7 +4,7 @@
 files), faults above (signals, unmounts), and what the daemon must never do
 (follow links out of the dataset, open device nodes).
 
-    test_faults.py eio | short | corrupt | changed | signals | security | soak
+    test_faults.py eio | short | corrupt | changed | signals | security | soak | valgrind
 """
 import errno
 import json
@@ -86,21 +86,6 @@ def test_short():
             check(m.stat()["io_errors"] == 0, "io_errors for short reads")
 
 
-def frame_table(path):
-    """The seek table of a packed file: [(c_off, c_size, d_size, checksum)]."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    n, desc, magic = struct.unpack("<IBI", blob[-9:])
-    check(magic == 0x8F92EAB1 and desc & 0x80, "not a seekable file with checksums")
-    tab = blob[-9 - 12 * n:-9]
-    out, off = [], 0
-    for i in range(n):
-        cs, ds, ck = struct.unpack("<III", tab[12 * i:12 * i + 12])
-        out.append((off, cs, ds, ck))
-        off += cs
-    return out, len(blob) - 9 - 12 * n
-
-
 def test_corrupt():
     """A corrupted frame and a checksum mismatch: EIO for those ranges only,
     counted in memory.stat; the rest of the file reads."""
@@ -108,17 +93,23 @@ def test_corrupt():
     with tmpdir() as d:
         data, dst = packed_file(d)
         z = dst + "/f.zst"
-        frames, tab_off = frame_table(z)
+        info = inspect_zst(z)
+        check(info["kind"] == "seekable" and info["checksums"],
+              "not a seekable file with checksums: %s" % info["kind"])
+        frames = info["frame_list"]
+        # 12-byte entries (c_size, d_size, checksum) after an 8-byte header
+        entries = info["table_offset"] + 8
         with open(z, "r+b") as f:
-            c_off, c_size = frames[3][0], frames[3][1]
+            c_off, c_size = frames[3]["c_off"], frames[3]["c_size"]
             f.seek(c_off + c_size // 2)
             b = f.read(1)
             f.seek(c_off + c_size // 2)
             f.write(bytes([b[0] ^ 0x5A]))
-            # frame 7's checksum in the table (4th field of its entry)
-            f.seek(tab_off + 12 * 7 + 8)
+            # frame 7's checksum in the table (3rd field of its entry)
+            f.seek(entries + 12 * 7 + 8)
             ck = struct.unpack("<I", f.read(4))[0]
-            f.seek(tab_off + 12 * 7 + 8)
+            check(ck == frames[7]["checksum"], "frame 7's checksum is not where inspect says")
+            f.seek(entries + 12 * 7 + 8)
             f.write(struct.pack("<I", ck ^ 1))
         with Mount(dst, d + "/mnt", "budget=8M") as m:
             res = read_frames(d + "/mnt/f", data)
@@ -359,9 +350,4 @@ def test_valgrind():
 
 
 if __name__ == "__main__":
-    tests = {n[5:]: f for n, f in globals().items() if n.startswith("test_")}
-    if len(sys.argv) != 2 or sys.argv[1] not in tests:
-        print("usage: test_faults.py " + "|".join(tests), file=sys.stderr)
-        sys.exit(2)
-    tests[sys.argv[1]]()
-    print("ok")
+    main(globals(), "test_faults.py")

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """Mount tests: a real FUSE mount, every byte compared with the source.
 
-    test_mount.py basic | errors | fstab | foreign
+    test_mount.py basic | errors | foreign | fstab | budget | groups | lockless | mmap
 """
 import errno
 import os
@@ -578,9 +578,4 @@ def test_groups():
 
 
 if __name__ == "__main__":
-    tests = {n[5:]: f for n, f in globals().items() if n.startswith("test_")}
-    if len(sys.argv) != 2 or sys.argv[1] not in tests:
-        print("usage: test_mount.py " + "|".join(tests), file=sys.stderr)
-        sys.exit(2)
-    tests[sys.argv[1]]()
-    print("ok")
+    main(globals(), "test_mount.py")

@@ -7,6 +7,7 @@ and stops every daemon it started, also when it fails.
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -205,3 +206,27 @@ def require_root_fuse():
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         print("skipped: needs root and /dev/fuse", file=sys.stderr)
         sys.exit(SKIP)
+
+
+def inspect_zst(path):
+    """A .zst file's index as zfolio builds it, from zfolioctl inspect --json:
+    {"kind", "checksums", "frames", "content_size", "file_size",
+    "table_offset" (where the seek table's skippable frame starts; its
+    entries follow an 8-byte header), "table_size", "frame_list": [{"c_off",
+    "c_size", "d_off", "d_size", "checksum"}]}."""
+    r = subprocess.run([ZFOLIOCTL, "inspect", "--json", path], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 0, "zfolioctl inspect %s: %s" % (path, r.stderr))
+    return json.loads(r.stdout)
+
+
+def main(namespace, usage_name):
+    """Run the test named on the command line, test_NAME in namespace (a
+    test file's globals()), and say ok; usage and status 2 for no such test."""
+    tests = {n[5:]: f for n, f in namespace.items()
+             if n.startswith("test_") and callable(f)}
+    if len(sys.argv) != 2 or sys.argv[1] not in tests:
+        print("usage: %s %s" % (usage_name, "|".join(tests)), file=sys.stderr)
+        sys.exit(2)
+    tests[sys.argv[1]]()
+    print("ok")

@@ -1,96 +1,313 @@
 // SPDX-License-Identifier: MIT
 /*
- * zfolioctl: a friendly front for a mount's control directory.
+ * zfolioctl: a friendly front for a mount's control directory, and a look
+ * inside .zst files.
  *
  *   zfolioctl stat MNT [--json] [--group G] [--interval S]
  *   zfolioctl set MNT KEY VALUE [--group G]     KEY: max, high
  *   zfolioctl reclaim MNT SIZE [--group G]
- *   zfolioctl groups MNT
+ *   zfolioctl groups MNT [--group G]
+ *   zfolioctl inspect FILE.zst [--json]
  *
- * It only reads and writes the files under MNT/.zfolio (or --ctl NAME), so
- * everything it does can be done with cat and echo too.
+ * The mount commands only read and write the files under MNT/.zfolio (or
+ * --ctl NAME), so everything they do can be done with cat and echo too.
+ * First they make sure, from /proc/self/mountinfo, that MNT is a zfolio
+ * mount: a wrong path gets that answer, not a missing memory.stat.  When a
+ * write fails they say why in the mount's terms (read-only, not the owner).
+ *
+ * inspect needs no mount: it indexes the file with the format library, as
+ * the daemon does when it opens it, and prints what the index holds.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/common.h"
+#include "../format/format.h"
+
+/* Longest interval stat --interval waits for */
+#define MAX_INTERVAL_S 86400.0
 
 static const char *progname = "zfolioctl";
-static const char *ctl_name = ".zfolio";
-static const char *group = "";
 
-static char *ctl_path(const char *mnt, const char *file)
+static struct {
+	const char *ctl, *group;
+	bool json;
+	double interval;
+} opt = {.ctl = ".zfolio", .group = ""};
+
+static void die(const char *fmt, ...)
+	__attribute__((noreturn, format(printf, 1, 2)));
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "%s: ", progname);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+struct mount_info {
+	bool zfolio; /* its type is fuse.zfolio */
+	bool ro;     /* read-only, per mount or per superblock */
+};
+
+/* The mount the command works on, from require_mount(). */
+static struct mount_info mnt_info;
+
+/* MNT/CTL[/GROUP][/FILE] */
+static char *ctl_path_in(const char *mnt, const char *group, const char *file)
 {
 	char *p;
 
-	if (asprintf(&p, "%s/%s%s%s%s%s", mnt, ctl_name, *group ? "/" : "",
+	if (asprintf(&p, "%s/%s%s%s%s%s", mnt, opt.ctl, *group ? "/" : "",
 		     group, file ? "/" : "", file ? file : "") < 0)
-		return NULL;
+		die("out of memory");
 	return p;
 }
 
-static char *slurp(const char *mnt, const char *file)
+static char *ctl_path(const char *mnt, const char *file)
 {
-	char *path = ctl_path(mnt, file), *buf = malloc(65536);
-	FILE *f = path ? fopen(path, "re") : NULL;
-	size_t n;
+	return ctl_path_in(mnt, opt.group, file);
+}
 
-	if (!f || !buf) {
-		fprintf(stderr, "%s: %s: %s\n", progname, path ? path : file,
-			strerror(errno));
-		exit(1);
-	}
-	n = fread(buf, 1, 65535, f);
-	buf[n] = '\0';
+/* The whole of a control file, NUL-terminated. */
+static char *slurp_in(const char *mnt, const char *group, const char *file)
+{
+	char *path = ctl_path_in(mnt, group, file), *buf = NULL;
+	FILE *f = fopen(path, "re");
+	size_t len = 0, cap = 0, n;
+
+	if (!f)
+		die("%s: %s", path, strerror(errno));
+	do {
+		if (cap - len < 4096) {
+			cap = cap ? cap * 2 : 16384;
+			buf = realloc(buf, cap);
+			if (!buf)
+				die("out of memory");
+		}
+		n = fread(buf + len, 1, cap - len - 1, f);
+		len += n;
+	} while (n);
+	if (ferror(f))
+		die("%s: %s", path, strerror(errno));
 	fclose(f);
+	buf[len] = '\0';
 	free(path);
 	return buf;
 }
 
-static int put(const char *mnt, const char *file, const char *value)
+static char *slurp(const char *mnt, const char *file)
+{
+	return slurp_in(mnt, opt.group, file);
+}
+
+/* A control file that holds bytes or "max", as MiB for people. */
+static void read_size_in(const char *mnt, const char *group, const char *file,
+			 char *out, size_t len)
+{
+	char *s = slurp_in(mnt, group, file);
+
+	if (strncmp(s, "max", 3) == 0)
+		snprintf(out, len, "max");
+	else
+		snprintf(out, len, "%.1f MiB", strtod(s, NULL) / 1048576.0);
+	free(s);
+}
+
+/*
+ * Writing a control file fails for reasons of the mount, not of the file:
+ * say which in its terms.
+ */
+static void explain_write_error(const char *mnt, const char *path,
+				const char *value, int err)
+{
+	switch (err) {
+	case EROFS:
+		if (!mnt_info.ro)
+			break;
+		die("%s is mounted read-only (ro), so its control files cannot "
+		    "be written; mount it without ro to change limits",
+		    mnt);
+	case EACCES:
+	case EPERM:
+		die("%s: %s: only the mount's owner and root may write its "
+		    "control files",
+		    path, strerror(err));
+	case EINVAL:
+		die("%s: %s: '%s' (a size such as 64M%s)", path, strerror(err),
+		    value, strstr(path, "reclaim") ? "" : ", or max");
+	case EAGAIN:
+		die("%s: could not reclaim %s: the group holds less, or the "
+		    "rest is in use",
+		    path, value);
+	case EBUSY:
+		die("%s: too much is in use to get under %s; the limit is "
+		    "unchanged",
+		    path, value);
+	}
+	die("%s: %s", path, strerror(err));
+}
+
+/* One write(2), as cgroup files want: the value is parsed whole. */
+static void put(const char *mnt, const char *file, const char *value)
 {
 	char *path = ctl_path(mnt, file);
-	FILE *f = path ? fopen(path, "we") : NULL;
-	int r = 0;
+	size_t len = strlen(value);
+	int fd, err = 0;
+	ssize_t n;
 
-	if (!f || fputs(value, f) == EOF || fclose(f) == EOF) {
-		fprintf(stderr, "%s: %s: %s\n", progname, path ? path : file,
-			strerror(errno));
-		r = 1;
+	if (!len)
+		die("%s: an empty value", path);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0) {
+		err = errno;
+	} else {
+		n = write(fd, value, len);
+		if (n < 0)
+			err = errno;
+		else if ((size_t)n != len)
+			err = EIO;
+		if (close(fd) && !err)
+			err = errno;
 	}
+	if (err)
+		explain_write_error(mnt, path, value, err);
 	free(path);
-	return r;
 }
 
-static void human(char *out, size_t len, const char *bytes)
+/* mountinfo writes space, tab, newline and backslash as \ooo. */
+static void unescape_octal(char *s)
 {
-	double v;
+	char *out = s;
 
-	if (strncmp(bytes, "max", 3) == 0) {
-		snprintf(out, len, "max");
-		return;
+	for (; *s; s++) {
+		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' &&
+		    s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
+			*out++ = (char)((s[1] - '0') << 6 | (s[2] - '0') << 3 |
+					(s[3] - '0'));
+			s += 3;
+		} else {
+			*out++ = *s;
+		}
 	}
-	v = strtod(bytes, NULL);
-	snprintf(out, len, "%.1f MiB", v / 1048576.0);
+	*out = '\0';
 }
 
-static bool is_gauge(const char *key)
+/* Is name one of the comma-separated options in list? */
+static bool has_option(const char *list, const char *name)
 {
-	const struct stat_desc *d = stat_desc_find(key);
+	size_t n = strlen(name);
 
-	return d && d->kind == STAT_GAUGE;
+	for (const char *p = list; p; p = strchr(p, ',')) {
+		if (*p == ',')
+			p++;
+		if (strncmp(p, name, n) == 0 && (p[n] == ',' || !p[n]))
+			return true;
+	}
+	return false;
 }
 
-static const char *describe(const char *key)
+/*
+ * One line of mountinfo, "36 35 0:39 / /mnt rw,nosuid shared:1 - fuse.zfolio
+ * /data rw,user_id=0": the mount point is field 5, the mount's options
+ * field 6; after the optional fields and "-", the type, the source and the
+ * superblock's options.  False if the line is not for path.
+ */
+static bool mountinfo_match(char *line, const char *path, struct mount_info *mi)
 {
-	const struct stat_desc *d = stat_desc_find(key);
+	char *f[6], *save = NULL, *tok, *type, *super = NULL;
 
-	return d ? d->desc : "";
+	for (int i = 0; i < 6; i++) {
+		f[i] = strtok_r(i ? NULL : line, " \n", &save);
+		if (!f[i])
+			return false;
+	}
+	unescape_octal(f[4]);
+	if (strcmp(f[4], path))
+		return false;
+	while ((tok = strtok_r(NULL, " \n", &save)) && strcmp(tok, "-"))
+		;
+	type = tok ? strtok_r(NULL, " \n", &save) : NULL;
+	if (type && strtok_r(NULL, " \n", &save))
+		super = strtok_r(NULL, " \n", &save);
+	mi->zfolio = type && strcmp(type, "fuse.zfolio") == 0;
+	mi->ro = has_option(f[5], "ro") || (super && has_option(super, "ro"));
+	return true;
+}
+
+/* The mount on path; of several, the last: it is the one on top. */
+static int find_mount(const char *path, struct mount_info *mi)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char *line = NULL;
+	size_t cap = 0;
+	bool found = false;
+
+	if (!f)
+		return -errno;
+	while (getline(&line, &cap, f) > 0) {
+		struct mount_info m;
+
+		if (mountinfo_match(line, path, &m)) {
+			*mi = m;
+			found = true;
+		}
+	}
+	free(line);
+	fclose(f);
+	return found ? 0 : -ENOENT;
+}
+
+/* A zfolio mount whose control directory we cannot reach: why. */
+static void explain_no_ctl(const char *mnt, const char *dir, int err)
+{
+	if (err == ENOENT)
+		die("%s is a zfolio mount without a control directory %s "
+		    "(made with -o ctl=NAME? then use --ctl NAME)",
+		    mnt, opt.ctl);
+	if (err == EACCES)
+		die("%s: %s (a mount without allow_other is its owner's "
+		    "alone)",
+		    dir, strerror(err));
+	die("%s: %s", dir, strerror(err));
+}
+
+/* Exits with the reason unless mnt's control files (and group) are there. */
+static void require_mount(const char *mnt)
+{
+	char real[PATH_MAX], *dir;
+	int r;
+
+	if (!realpath(mnt, real))
+		die("%s: %s", mnt, strerror(errno));
+	r = find_mount(real, &mnt_info);
+	if (r && r != -ENOENT)
+		die("/proc/self/mountinfo: %s", strerror(-r));
+	if (r || !mnt_info.zfolio)
+		die("%s is not a zfolio mount", mnt);
+	dir = ctl_path_in(mnt, "", NULL);
+	if (access(dir, F_OK))
+		explain_no_ctl(mnt, dir, errno);
+	free(dir);
+	dir = ctl_path(mnt, NULL);
+	if (*opt.group && access(dir, F_OK))
+		die("%s: no group %s (zfolioctl groups %s lists them)", mnt,
+		    opt.group, mnt);
+	free(dir);
 }
 
 struct kv {
@@ -98,182 +315,523 @@ struct kv {
 	double val;
 };
 
-static int parse_stat(char *text, struct kv *v, int max)
-{
-	int n = 0;
+struct stats {
+	struct kv v[NR_STATS + 8];
+	int n;
+};
 
-	for (char *line = strtok(text, "\n"); line && n < max;
-	     line = strtok(NULL, "\n")) {
-		if (sscanf(line, "%63s %lf", v[n].key, &v[n].val) == 2)
-			n++;
+/* memory.stat: "key value" lines, in the order of ZF_STAT_LIST. */
+static void read_stats(const char *mnt, struct stats *s)
+{
+	char *text = slurp(mnt, "memory.stat"), *save = NULL;
+	int max = (int)(sizeof(s->v) / sizeof(s->v[0]));
+
+	s->n = 0;
+	for (char *line = strtok_r(text, "\n", &save); line && s->n < max;
+	     line = strtok_r(NULL, "\n", &save)) {
+		struct kv *k = &s->v[s->n];
+
+		if (sscanf(line, "%63s %lf", k->key, &k->val) == 2)
+			s->n++;
 	}
-	return n;
+	free(text);
 }
 
-static int cmd_stat(const char *mnt, bool json, double interval)
+static const struct kv *find_kv(const struct stats *s, const char *key)
+{
+	for (int i = 0; i < s->n; i++)
+		if (strcmp(s->v[i].key, key) == 0)
+			return &s->v[i];
+	return NULL;
+}
+
+static void print_limits(const char *mnt)
 {
 	char cur[32], max[32], high[32], peak[32];
-	struct kv a[NR_STATS + 8], b[NR_STATS + 8];
-	char *s;
-	int n;
 
-	if (json) {
+	read_size_in(mnt, opt.group, "memory.current", cur, sizeof(cur));
+	read_size_in(mnt, opt.group, "memory.max", max, sizeof(max));
+	read_size_in(mnt, opt.group, "memory.high", high, sizeof(high));
+	read_size_in(mnt, opt.group, "memory.peak", peak, sizeof(peak));
+	printf("zfolio cache at %s, group /%s\n", mnt, opt.group);
+	printf("  memory   %s used of %s (high %s, peak %s)\n\n", cur, max,
+	       high, peak);
+}
+
+/*
+ * Gauges are sizes; events, over an interval, are rates; derived items are
+ * computed by the daemon from others (an average, say), so their value is
+ * what it is now: a rate of an average means nothing.  A name we do not
+ * know is taken for an event.
+ */
+static void print_stat(const struct kv *now, const struct kv *before)
+{
+	const struct stat_desc *d = stat_desc_find(now->key);
+	enum stat_kind kind = d ? d->kind : STAT_EVENT;
+
+	if (kind == STAT_GAUGE)
+		printf("  %-28s %12.1f MiB", now->key, now->val / 1048576.0);
+	else if (kind == STAT_EVENT && before)
+		printf("  %-28s %12.1f /s  ", now->key,
+		       (now->val - before->val) / opt.interval);
+	else
+		printf("  %-28s %12.0f     ", now->key, now->val);
+	printf("  %s\n", d ? d->desc : "");
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+static int cmd_stat(char **args)
+{
+	const char *mnt = args[0];
+	struct stats a, b;
+	char *s;
+
+	if (opt.json && opt.interval > 0)
+		die("--interval gives rates, --json the counters: one or the "
+		    "other");
+	if (opt.json) {
 		s = slurp(mnt, "memory.stat.json");
 		fputs(s, stdout);
 		free(s);
 		return 0;
 	}
-	s = slurp(mnt, "memory.stat");
-	n = parse_stat(s, a, NR_STATS + 8);
-	free(s);
-	if (interval > 0) {
-		usleep((useconds_t)(interval * 1e6));
-		s = slurp(mnt, "memory.stat");
-		parse_stat(s, b, NR_STATS + 8);
-		free(s);
+	read_stats(mnt, &a);
+	if (opt.interval > 0) {
+		sleep_s(opt.interval);
+		read_stats(mnt, &b);
 	}
-	s = slurp(mnt, "memory.current");
-	human(cur, sizeof(cur), s);
-	free(s);
-	s = slurp(mnt, "memory.max");
-	human(max, sizeof(max), s);
-	free(s);
-	s = slurp(mnt, "memory.high");
-	human(high, sizeof(high), s);
-	free(s);
-	s = slurp(mnt, "memory.peak");
-	human(peak, sizeof(peak), s);
-	free(s);
-	printf("zfolio cache at %s, group /%s\n", mnt, group);
-	printf("  memory   %s used of %s (high %s, peak %s)\n\n", cur, max,
-	       high, peak);
-	for (int i = 0; i < n; i++) {
-		const struct kv *k = interval > 0 ? &b[i] : &a[i];
-
-		if (is_gauge(k->key))
-			printf("  %-28s %12.1f MiB", k->key,
-			       k->val / 1048576.0);
-		else if (interval > 0)
-			printf("  %-28s %12.1f /s  ", k->key,
-			       (b[i].val - a[i].val) / interval);
-		else
-			printf("  %-28s %12.0f     ", k->key, k->val);
-		printf("  %s\n", describe(k->key));
-	}
+	print_limits(mnt);
+	if (opt.interval > 0)
+		for (int i = 0; i < b.n; i++)
+			print_stat(&b.v[i], find_kv(&a, b.v[i].key));
+	else
+		for (int i = 0; i < a.n; i++)
+			print_stat(&a.v[i], NULL);
 	return 0;
 }
 
-static int cmd_groups(const char *mnt, const char *sub, int depth)
+static int cmd_set(char **args)
 {
-	char *path;
-	DIR *d;
-	struct dirent *e;
+	const char *key = args[1];
+	char file[64];
 
-	if (asprintf(&path, "%s/%s%s%s", mnt, ctl_name, *sub ? "/" : "",
-		     sub) < 0)
-		return 1;
-	d = opendir(path);
-	if (!d) {
-		fprintf(stderr, "%s: %s: %s\n", progname, path,
-			strerror(errno));
-		free(path);
-		return 1;
+	if (strncmp(key, "memory.", 7) == 0)
+		key += 7;
+	if (strcmp(key, "max") && strcmp(key, "high")) {
+		fprintf(stderr, "%s: unknown key '%s' (max, high)\n", progname,
+			args[1]);
+		return 2;
 	}
-	while ((e = readdir(d))) {
-		char *child;
+	snprintf(file, sizeof(file), "memory.%s", key);
+	put(args[0], file, args[2]);
+	return 0;
+}
 
+static int cmd_reclaim(char **args)
+{
+	put(args[0], "memory.reclaim", args[1]);
+	return 0;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The child groups of group: the directories in its control directory. */
+static char **child_groups(const char *mnt, const char *group, size_t *n)
+{
+	char *path = ctl_path_in(mnt, group, NULL), **v = NULL;
+	DIR *d = opendir(path);
+	struct dirent *e;
+	size_t cap = 0;
+
+	if (!d)
+		die("%s: %s", path, strerror(errno));
+	*n = 0;
+	while ((e = readdir(d))) {
 		if (e->d_type != DT_DIR || e->d_name[0] == '.')
 			continue;
-		printf("%*s%s\n", depth * 2, "", e->d_name);
-		if (asprintf(&child, "%s%s%s", sub, *sub ? "/" : "",
-			     e->d_name) >= 0) {
-			cmd_groups(mnt, child, depth + 1);
-			free(child);
+		if (*n == cap) {
+			cap = cap ? cap * 2 : 16;
+			v = realloc(v, cap * sizeof(*v));
+			if (!v)
+				die("out of memory");
 		}
+		v[*n] = strdup(e->d_name);
+		if (!v[(*n)++])
+			die("out of memory");
 	}
 	closedir(d);
 	free(path);
+	if (*n)
+		qsort(v, *n, sizeof(*v), cmp_name);
+	return v;
+}
+
+static void print_group(const char *mnt, const char *group, const char *name,
+			int depth)
+{
+	int indent = depth < 12 ? depth * 2 : 24;
+	char cur[32], max[32];
+
+	read_size_in(mnt, group, "memory.current", cur, sizeof(cur));
+	read_size_in(mnt, group, "memory.max", max, sizeof(max));
+	printf("%*s%-*s %12s  ", indent, "", 32 - indent, name, cur);
+	if (strcmp(max, "max"))
+		printf("(max %s)\n", max);
+	else
+		printf("(no limit)\n");
+}
+
+/* Depth first, each group's children indented below it. */
+static size_t print_children(const char *mnt, const char *group, int depth)
+{
+	size_t n;
+	char **names = child_groups(mnt, group, &n);
+
+	for (size_t i = 0; i < n; i++) {
+		char *child;
+
+		if (asprintf(&child, "%s%s%s", group, *group ? "/" : "",
+			     names[i]) < 0)
+			die("out of memory");
+		print_group(mnt, child, names[i], depth);
+		print_children(mnt, child, depth + 1);
+		free(child);
+		free(names[i]);
+	}
+	free(names);
+	return n;
+}
+
+static int cmd_groups(char **args)
+{
+	char *top;
+
+	if (asprintf(&top, "/%s", opt.group) < 0)
+		die("out of memory");
+	print_group(args[0], opt.group, top, 0);
+	free(top);
+	if (print_children(args[0], opt.group, 1))
+		return 0;
+	if (*opt.group)
+		printf("(no child groups)\n");
+	else
+		printf("(no child groups: the mount was made with "
+		       "group_by=none, or no reader has charged one yet)\n");
 	return 0;
 }
+
+static const char *kind_name(enum zseek_kind kind)
+{
+	switch (kind) {
+	case ZSEEK_SEEKABLE:
+		return "seekable";
+	case ZSEEK_WALKED:
+		return "walked";
+	default:
+		return "raw";
+	}
+}
+
+/* What inspect prints, beyond the index. */
+struct inspected {
+	const char *file;
+	struct zseek_index idx;
+	bool has_table;
+	uint64_t table_off, table_size; /* the seek table's skippable frame */
+	double ratio;			/* content over file size */
+};
+
+/*
+ * Where the seek table's skippable frame starts.  The index keeps only the
+ * frames that hold content, so the table's own count comes from the footer
+ * the parser has already checked.
+ */
+static void find_seek_table(int fd, struct inspected *in)
+{
+	uint8_t foot[ZSEEK_FOOTER_SIZE];
+	uint64_t count, entry = in->idx.has_checksum ? 12 : 8;
+
+	if (zseek_pread_fd(&fd, foot, sizeof(foot),
+			   in->idx.file_size - sizeof(foot)) != sizeof(foot))
+		die("%s: cannot read the seek table's footer", in->file);
+	count = (uint64_t)foot[0] | (uint64_t)foot[1] << 8 |
+		(uint64_t)foot[2] << 16 | (uint64_t)foot[3] << 24;
+	in->has_table = true;
+	in->table_size = 8 + count * entry + ZSEEK_FOOTER_SIZE;
+	in->table_off = in->idx.file_size - in->table_size;
+}
+
+/* Index the file as the daemon would; exits with the parser's message. */
+static void inspect_file(const char *file, struct inspected *in)
+{
+	char err[256] = "";
+	struct stat st;
+	int fd = open(file, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0 || fstat(fd, &st))
+		die("%s: %s", file, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		die("%s: not a regular file", file);
+	memset(in, 0, sizeof(*in));
+	in->file = file;
+	if (zseek_index_build(zseek_pread_fd, &fd, (uint64_t)st.st_size, true,
+			      &in->idx, err, sizeof(err)))
+		die("%s: %s", file, *err ? err : "cannot index it");
+	if (in->idx.kind == ZSEEK_SEEKABLE)
+		find_seek_table(fd, in);
+	if (in->idx.file_size)
+		in->ratio = (double)in->idx.content_size /
+			    (double)in->idx.file_size;
+	close(fd);
+}
+
+static void print_inspected(const struct inspected *in)
+{
+	const struct zseek_index *idx = &in->idx;
+	char content[32], file[32];
+
+	format_size(content, sizeof(content), idx->content_size);
+	format_size(file, sizeof(file), idx->file_size);
+	printf("%s: %s%s, %u frames, %s\n", in->file, kind_name(idx->kind),
+	       idx->kind == ZSEEK_WALKED ? " (no seek table)" : "",
+	       idx->nframes,
+	       idx->has_checksum ? "checksums in the seek table"
+				 : "no checksums");
+	printf("  content      %12llu bytes (%s)\n",
+	       (unsigned long long)idx->content_size, content);
+	printf("  compressed   %12llu bytes (%s), ratio %.2f\n",
+	       (unsigned long long)idx->file_size, file, in->ratio);
+	if (in->has_table)
+		printf("  seek table   %12llu bytes at %llu\n",
+		       (unsigned long long)in->table_size,
+		       (unsigned long long)in->table_off);
+	if (idx->nunsized)
+		printf("  unsized      %12u frames, measured by decoding\n",
+		       idx->nunsized);
+	if (!idx->nframes)
+		return;
+	printf("\n  %8s %14s %10s %14s %10s  %s\n", "frame", "c_off", "c_size",
+	       "d_off", "d_size", "checksum");
+	for (uint32_t i = 0; i < idx->nframes; i++) {
+		const struct zseek_frame *fr = &idx->frames[i];
+
+		printf("  %8u %14llu %10llu %14llu %10llu  ", i,
+		       (unsigned long long)fr->c_off,
+		       (unsigned long long)fr->c_size,
+		       (unsigned long long)fr->d_off,
+		       (unsigned long long)fr->d_size);
+		if (idx->has_checksum)
+			printf("%08x\n", fr->checksum);
+		else
+			printf("-\n");
+	}
+}
+
+/* Out with what t holds, then empty it; a cut would be a bug of ours. */
+static void text_flush(struct text *t)
+{
+	if (t->len && t->off >= t->len - 1)
+		die("internal error: the JSON text did not fit");
+	fputs(t->buf, stdout);
+	t->off = 0;
+	t->buf[0] = '\0';
+}
+
+static void json_head(struct text *t, const struct inspected *in)
+{
+	const struct zseek_index *idx = &in->idx;
+
+	text_printf(t, "{\"file\":");
+	text_json_string(t, in->file);
+	text_printf(t, ",\"kind\":\"%s\",\"checksums\":%s,\"frames\":%u",
+		    kind_name(idx->kind),
+		    idx->has_checksum ? "true" : "false", idx->nframes);
+	text_printf(t, ",\"content_size\":%llu,\"file_size\":%llu",
+		    (unsigned long long)idx->content_size,
+		    (unsigned long long)idx->file_size);
+	text_printf(t, ",\"ratio\":%.4f,\"unsized_frames\":%u", in->ratio,
+		    idx->nunsized);
+	if (in->has_table)
+		text_printf(t, ",\"table_offset\":%llu,\"table_size\":%llu",
+			    (unsigned long long)in->table_off,
+			    (unsigned long long)in->table_size);
+	else
+		text_printf(t, ",\"table_offset\":null,\"table_size\":null");
+	text_printf(t, ",\"frame_list\":[");
+}
+
+static void json_frame(struct text *t, const struct zseek_index *idx,
+		       uint32_t i)
+{
+	const struct zseek_frame *fr = &idx->frames[i];
+
+	text_printf(t, "%s{\"c_off\":%llu,\"c_size\":%llu", i ? "," : "",
+		    (unsigned long long)fr->c_off,
+		    (unsigned long long)fr->c_size);
+	text_printf(t, ",\"d_off\":%llu,\"d_size\":%llu",
+		    (unsigned long long)fr->d_off,
+		    (unsigned long long)fr->d_size);
+	if (idx->has_checksum)
+		text_printf(t, ",\"checksum\":%u}", fr->checksum);
+	else
+		text_printf(t, ",\"checksum\":null}");
+}
+
+/* One object; the head sized for the name, then frame by frame. */
+static void print_inspected_json(const struct inspected *in)
+{
+	size_t len = 6 * strlen(in->file) + 512;
+	struct text t = {.buf = malloc(len), .len = len};
+
+	if (!t.buf)
+		die("out of memory");
+	t.buf[0] = '\0';
+	json_head(&t, in);
+	text_flush(&t);
+	for (uint32_t i = 0; i < in->idx.nframes; i++) {
+		json_frame(&t, &in->idx, i);
+		text_flush(&t);
+	}
+	text_printf(&t, "]}\n");
+	text_flush(&t);
+	free(t.buf);
+}
+
+static int cmd_inspect(char **args)
+{
+	struct inspected in;
+
+	inspect_file(args[0], &in);
+	if (opt.json)
+		print_inspected_json(&in);
+	else
+		print_inspected(&in);
+	zseek_index_free(&in.idx);
+	if (fflush(stdout) || ferror(stdout))
+		die("stdout: %s", strerror(errno));
+	return 0;
+}
+
+struct command {
+	const char *name;
+	int nargs;  /* the words after the command */
+	bool mount; /* the first of them is a mount point */
+	int (*run)(char **args);
+};
+
+static const struct command commands[] = {
+	{"stat", 1, true, cmd_stat},
+	{"set", 3, true, cmd_set},
+	{"reclaim", 2, true, cmd_reclaim},
+	{"groups", 1, true, cmd_groups},
+	{"inspect", 1, false, cmd_inspect},
+};
 
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"usage: %s COMMAND MOUNTPOINT [ARGS] [options]\n\n"
+		"usage: %s COMMAND ARGS [options]\n\n"
 		"  stat MNT [--json] [--interval S]  what the cache is doing "
 		"(rates over S s)\n"
 		"  set MNT KEY VALUE                 KEY: max or high; VALUE: "
 		"a size or max\n"
 		"  reclaim MNT SIZE                  reclaim SIZE now\n"
-		"  groups MNT                        list the budget groups\n\n"
-		"  --group G   a child group (as listed by groups)\n"
-		"  --ctl NAME  the control directory's name (default "
-		".zfolio)\n",
+		"  groups MNT                        the budget groups, the "
+		"root first\n"
+		"  inspect FILE.zst [--json]         a .zst file's frames (no "
+		"mount needed)\n\n"
+		"  --group G      a child group (as listed by groups)\n"
+		"  --ctl NAME     the control directory's name (default "
+		".zfolio)\n"
+		"  -V, --version  print the version and exit\n"
+		"  -h, --help     this help\n",
 		progname);
+}
+
+static double parse_interval(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (*end || end == s || !(v > 0) || v > MAX_INTERVAL_S)
+		die("bad interval '%s' (seconds, above 0 and up to %.0f)", s,
+		    MAX_INTERVAL_S);
+	return v;
+}
+
+static const struct option longopts[] = {
+	{"json", no_argument, NULL, 'J'},
+	{"group", required_argument, NULL, 'g'},
+	{"ctl", required_argument, NULL, 'c'},
+	{"interval", required_argument, NULL, 'i'},
+	{"version", no_argument, NULL, 'V'},
+	{"help", no_argument, NULL, 'h'},
+	{NULL, 0, NULL, 0},
+};
+
+/* Exits for --help, --version and bad options. */
+static void parse_options(int argc, char **argv)
+{
+	int c;
+
+	while ((c = getopt_long(argc, argv, "hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'J':
+			opt.json = true;
+			break;
+		case 'g':
+			opt.group = optarg;
+			break;
+		case 'c':
+			opt.ctl = optarg;
+			break;
+		case 'i':
+			opt.interval = parse_interval(optarg);
+			break;
+		case 'V':
+			printf("%s %s\n", progname, ZF_VERSION);
+			exit(0);
+		case 'h':
+			usage(stdout);
+			exit(0);
+		default:
+			usage(stderr);
+			exit(2);
+		}
+	}
+}
+
+static const struct command *find_command(const char *name, int nargs)
+{
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (strcmp(commands[i].name, name) == 0 &&
+		    commands[i].nargs == nargs)
+			return &commands[i];
+	return NULL;
 }
 
 int main(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"json", no_argument, NULL, 'J'},
-		{"group", required_argument, NULL, 'g'},
-		{"ctl", required_argument, NULL, 'c'},
-		{"interval", required_argument, NULL, 'i'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
-	bool json = false;
-	double interval = 0;
-	int c;
+	const struct command *cmd;
 
-	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-		switch (c) {
-		case 'J':
-			json = true;
-			break;
-		case 'g':
-			group = optarg;
-			break;
-		case 'c':
-			ctl_name = optarg;
-			break;
-		case 'i':
-			interval = strtod(optarg, NULL);
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (argc - optind < 2) {
+	parse_options(argc, argv);
+	cmd = argc > optind ? find_command(argv[optind], argc - optind - 1)
+			    : NULL;
+	if (!cmd) {
 		usage(stderr);
 		return 2;
 	}
-	const char *cmd = argv[optind], *mnt = argv[optind + 1];
-
-	if (strcmp(cmd, "stat") == 0 && argc - optind == 2)
-		return cmd_stat(mnt, json, interval);
-	if (strcmp(cmd, "groups") == 0 && argc - optind == 2)
-		return cmd_groups(mnt, group, 0);
-	if (strcmp(cmd, "reclaim") == 0 && argc - optind == 3)
-		return put(mnt, "memory.reclaim", argv[optind + 2]);
-	if (strcmp(cmd, "set") == 0 && argc - optind == 4) {
-		const char *key = argv[optind + 2];
-		char file[64];
-
-		if (strncmp(key, "memory.", 7) == 0)
-			key += 7;
-		if (strcmp(key, "max") && strcmp(key, "high")) {
-			fprintf(stderr, "%s: unknown key '%s' (max, high)\n",
-				progname, argv[optind + 2]);
-			return 2;
-		}
-		snprintf(file, sizeof(file), "memory.%s", key);
-		return put(mnt, file, argv[optind + 3]);
-	}
-	usage(stderr);
-	return 2;
+	if (cmd->mount)
+		require_mount(argv[optind + 1]);
+	return cmd->run(&argv[optind + 1]);
 }

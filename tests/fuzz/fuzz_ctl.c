@@ -5,6 +5,7 @@
  * [u8 file][bytes written].  Each write either changes its group or is
  * EINVAL (or EBUSY/EAGAIN from reclaim) with nothing changed.
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,19 +45,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	n.ctl_id = writable[data[0] % 4];
 	long before = counter_max(&b.root.mem);
 	int r = ctl_write(NULL, &n, (const char *)data + 1, size - 1);
+	bool parsed = false;
 
-	if (r == -22 /* EINVAL */ && counter_max(&b.root.mem) != before)
-		abort(); /* a refused write changed the limit */
-	if (counter_read(&b.root.mem) > counter_max(&b.root.mem))
-		abort();
-	group_set_max(&b.root, 1 << 16);
-	group_set_high(&b.root, COUNTER_MAX);
 	/* the size parser, as options and control files use it */
 	if (size - 1 < sizeof(s)) {
 		memcpy(s, data + 1, size - 1);
 		s[size - 1] = '\0';
-		(void)parse_size(s, &v, true);
 		(void)parse_size(s, &v, false);
+		parsed = strlen(s) == size - 1 && parse_size(s, &v, true) == 0;
 	}
+	if (r == -22 /* EINVAL */ && counter_max(&b.root.mem) != before)
+		abort(); /* a refused write changed the limit */
+	if (r == 0 && n.ctl_id == 2 && parsed) {
+		/* memory.max took the value written, in pages, or max */
+		long want = v == UINT64_MAX || v >> ZF_PAGE_SHIFT > COUNTER_MAX
+				    ? COUNTER_MAX
+				    : (long)(v >> ZF_PAGE_SHIFT);
+
+		if (counter_max(&b.root.mem) != want)
+			abort();
+	}
+	group_set_max(&b.root, 1 << 16);
+	group_set_high(&b.root, COUNTER_MAX);
 	return 0;
 }

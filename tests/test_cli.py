@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""The tools' command lines: what zfolio, mkzfolio and zfolioctl say, and
+what zfolioctl makes of the path, the mount and the file it is given.
+
+    test_cli.py version | not_mount | groups | writes | stat | inspect
+"""
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zftest import *  # noqa: E402,F401,F403
+
+FRAME = 128 << 10
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, **kw)
+
+
+def ctl(*args, **kw):
+    return run([ZFOLIOCTL, *args], **kw)
+
+
+def one_line_error(r, what, needle):
+    """Exit status 1 and one line on stderr that says needle."""
+    check(r.returncode == 1, "%s: exit status %d: %s" % (what, r.returncode, r.stderr))
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    check(len(lines) == 1, "%s: expected one line, got %r" % (what, r.stderr))
+    check(needle in lines[0], "%s: %r does not say %r" % (what, lines[0], needle))
+    return lines[0]
+
+
+def packed(d, files, *args):
+    """files {name: bytes} packed into d/dst; returns dst."""
+    src, dst = d + "/src", d + "/dst"
+    os.makedirs(src)
+    for name, data in files.items():
+        with open(os.path.join(src, name), "wb") as f:
+            f.write(data)
+    pack(src, dst, *args)
+    return dst
+
+
+def test_version():
+    """-V and --version: one line with the version each program was built
+    with, the same for all three; --help lists the new options."""
+    versions = {}
+    for prog, name, pattern in ((ZFOLIO, "zfolio", r"zfolio (\S+), libfuse \S+, zstd \S+"),
+                                (MKZFOLIO, "mkzfolio", r"mkzfolio (\S+), zstd \S+"),
+                                (ZFOLIOCTL, "zfolioctl", r"zfolioctl (\S+)")):
+        for flag in ("-V", "--version"):
+            r = run([prog, flag])
+            check(r.returncode == 0, "%s %s: exit status %d" % (name, flag, r.returncode))
+            m = re.fullmatch(pattern, r.stdout.strip())
+            check(m and "\n" not in r.stdout.strip(), "%s %s: %r" % (name, flag, r.stdout))
+            versions.setdefault(name, m.group(1))
+    check(len(set(versions.values())) == 1, "versions differ: %s" % versions)
+    h = run([ZFOLIOCTL, "--help"])
+    check(h.returncode == 0 and "inspect FILE.zst" in h.stdout and "--version" in h.stdout,
+          "zfolioctl --help: " + h.stdout)
+    h = run([MKZFOLIO, "--help"])
+    check(h.returncode == 0 and "--version" in h.stdout, "mkzfolio --help: " + h.stdout)
+
+
+def test_not_mount():
+    """Every mount command on a directory that is not a zfolio mount says
+    so, in one line, instead of naming a control file it did not find; a
+    mount made with another ctl= name gets --ctl suggested."""
+    require_root_fuse()
+    with tmpdir() as d:
+        for cmd in (["stat"], ["stat", "--json"], ["groups"], ["set", "max", "1M"],
+                    ["reclaim", "1M"]):
+            r = ctl(cmd[0], d, *cmd[1:])
+            check(r.stderr == "zfolioctl: %s is not a zfolio mount\n" % d,
+                  "%s on a plain directory: %r" % (cmd, r.stderr))
+            check(r.returncode == 1, "%s on a plain directory: status %d" % (cmd, r.returncode))
+        one_line_error(ctl("stat", d + "/missing"), "a missing path", "No such file")
+        dst = packed(d, {"f": text_bytes(10000, 1)})
+        os.makedirs(dst + "/sub")
+        with Mount(dst, d + "/mnt", "budget=4M,ctl=.other"):
+            one_line_error(ctl("stat", d + "/mnt/sub"), "a directory inside a mount",
+                           "is not a zfolio mount")
+            line = one_line_error(ctl("stat", d + "/mnt"), "ctl=.other", "--ctl")
+            check("control directory" in line, "ctl=.other: " + line)
+            r = ctl("stat", d + "/mnt", "--ctl", ".other")
+            check(r.returncode == 0 and "memory" in r.stdout, "--ctl .other: " + r.stderr)
+            one_line_error(ctl("stat", d + "/mnt", "--ctl", ".other", "--group", "nope"),
+                           "a missing group", "no group nope")
+
+
+def test_groups():
+    """groups prints the root group first, also when there are no child
+    groups (group_by=none), and children indented below it."""
+    require_root_fuse()
+    with tmpdir() as d:
+        dst = packed(d, {"f": text_bytes(300000, 2)})
+        with Mount(dst, d + "/mnt", "budget=4M"):
+            with open(d + "/mnt/f", "rb") as f:
+                f.read()
+            r = ctl("groups", d + "/mnt")
+            lines = r.stdout.splitlines()
+            check(r.returncode == 0 and len(lines) == 2, "groups, group_by=none: %r" % r.stdout)
+            check(re.match(r"/\s+\d+\.\d MiB", lines[0]), "the root line: %r" % lines[0])
+            check("no child groups" in lines[1] and "group_by=none" in lines[1],
+                  "the note: %r" % lines[1])
+        with Mount(dst, d + "/mnt", "budget=4M,group_by=uid"):
+            with open(d + "/mnt/f", "rb") as f:
+                f.read()
+            r = ctl("groups", d + "/mnt")
+            lines = r.stdout.splitlines()
+            check(r.returncode == 0 and len(lines) == 2, "groups, group_by=uid: %r" % r.stdout)
+            check(re.match(r"/\s+\d+\.\d MiB", lines[0]), "the root line: %r" % lines[0])
+            check(re.match(r"  uid_0\s+\d+\.\d MiB", lines[1]), "the child line: %r" % lines[1])
+
+
+def test_writes():
+    """A mount made with -o ro refuses control writes (EROFS): set and
+    reclaim say it is read-only and why, and change nothing; for a user
+    who is neither the owner nor root they say who may write."""
+    require_root_fuse()
+    with tmpdir() as d:
+        dst = packed(d, {"f": text_bytes(300000, 3)})
+        mnt = d + "/mnt"
+        with Mount(dst, mnt, "ro,budget=4M"):
+            opts = [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == mnt]
+            check(opts and "ro" in opts[0].split(","), "not mounted ro: %s" % opts)
+            for cmd in (["set", mnt, "max", "1M"], ["set", mnt, "high", "1M"],
+                        ["reclaim", mnt, "1M"]):
+                line = one_line_error(ctl(*cmd), " ".join(cmd[:1]) + " on an ro mount",
+                                      "read-only")
+                check("(ro)" in line and "without ro" in line, "the reason: " + line)
+            with open(mnt + "/.zfolio/memory.max") as f:
+                check(int(f.read()) == 4 << 20, "memory.max changed on an ro mount")
+            r = ctl("stat", mnt)
+            check(r.returncode == 0 and "4.0 MiB" in r.stdout, "stat on an ro mount: " + r.stderr)
+        os.chmod(d, 0o755)
+        with Mount(dst, mnt, "budget=4M,allow_other"):
+            r = ctl("set", mnt, "max", "1M", user=65534)
+            one_line_error(r, "set as another uid", "only the mount's owner and root")
+            r = ctl("set", mnt, "max", "banana")
+            one_line_error(r, "a bad value", "Invalid argument")
+            r = ctl("set", mnt, "max", "2M")
+            check(r.returncode == 0 and not r.stderr, "set as root: " + r.stderr)
+            with open(mnt + "/.zfolio/memory.max") as f:
+                check(int(f.read()) == 2 << 20, "set max 2M")
+
+
+def stat_lines(out):
+    """zfolioctl stat's statistic lines: {name: the words after it}."""
+    lines = {}
+    for l in out.splitlines():
+        if l.startswith("  ") and not l.startswith("  memory "):
+            w = l.split()
+            lines[w[0]] = w[1:]
+    return lines
+
+
+def test_stat():
+    """stat --interval: events as rates, gauges as sizes, derived items
+    (readaround_window_pages, an average) as their value, not a rate."""
+    require_root_fuse()
+    import mmap
+    with tmpdir() as d:
+        data = text_bytes(6 << 20, 4)
+        dst = packed(d, {"f": data})
+        with Mount(dst, d + "/mnt", "budget=16M,ra_kb=512") as m:
+            fd = os.open(d + "/mnt/f", os.O_RDONLY)
+            try:
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                for pg in range(0, len(data) // 4096, 97):  # scattered faults
+                    check(mm[pg * 4096:pg * 4096 + 8] == data[pg * 4096:pg * 4096 + 8],
+                          "fault at page %d" % pg)
+                mm.close()
+            finally:
+                os.close(fd)
+            st = m.stat()
+            check(st["readaround_window_pages"] > 0, "no read-around: %s" % st)
+            r = ctl("stat", d + "/mnt", "--interval", "0.3")
+            check(r.returncode == 0, "stat --interval: " + r.stderr)
+            lines = stat_lines(r.stdout)
+            derived = lines["readaround_window_pages"]
+            check(derived[0] == str(st["readaround_window_pages"]) and derived[1] != "/s",
+                  "derived item: %s, memory.stat says %d" % (derived,
+                                                              st["readaround_window_pages"]))
+            check(lines["pgfault"][1] == "/s", "an event: %s" % lines["pgfault"])
+            check(lines["file"][1] == "MiB", "a gauge: %s" % lines["file"])
+            lines = stat_lines(ctl("stat", d + "/mnt").stdout)
+            check(lines["pgfault"][0] == str(m.stat()["pgfault"]), "stat: pgfault")
+            r = ctl("stat", d + "/mnt", "--interval", "soon")
+            check(r.returncode == 1 and "interval" in r.stderr, "a bad interval: " + r.stderr)
+
+
+def check_index(info, data, size, what):
+    """The frames cover the content and the file, in order, without gaps."""
+    fl = info["frame_list"]
+    check(info["frames"] == len(fl), what + ": frame count")
+    check(sum(f["d_size"] for f in fl) == len(data) == info["content_size"],
+          what + ": content sizes")
+    check(info["file_size"] == size, what + ": file size")
+    c = d = 0
+    for f in fl:
+        check(f["c_off"] == c and f["d_off"] == d, what + ": frame at %d/%d" % (c, d))
+        c += f["c_size"]
+        d += f["d_size"]
+
+
+def frame_content(path, fr):
+    """One frame decoded on its own, by zstd: the offsets are real."""
+    with open(path, "rb") as f:
+        f.seek(fr["c_off"])
+        blob = f.read(fr["c_size"])
+    return subprocess.run(["zstd", "-q", "-d", "-c"], input=blob, capture_output=True,
+                          check=True).stdout
+
+
+def test_inspect():
+    """inspect --json on packed files: the frames add up to the content and,
+    compressed, to the seek table's offset; each decodes to its range.  A
+    file of many frames is printed whole.  Foreign files are walked; a file
+    that is not zstd and a lying seek table fail with the parser's message."""
+    with tmpdir() as d:
+        files = {"text": text_bytes(5 * FRAME + 123, 5), "empty": b"", "one": b"x",
+                 "many": rand_bytes(3000 * 4096 + 5, 6)}
+        dst = packed(d, files, "--frame", "4K")
+        for name, data in files.items():
+            z = "%s/%s.zst" % (dst, name)
+            info = inspect_zst(z)
+            check(info["kind"] == "seekable" and info["checksums"] is True, name + ": kind")
+            check_index(info, data, os.path.getsize(z), name)
+            check(sum(f["c_size"] for f in info["frame_list"]) == info["table_offset"],
+                  name + ": compressed sizes do not add up to the table's offset")
+            check(info["table_offset"] + info["table_size"] == info["file_size"],
+                  name + ": the table does not end the file")
+            for fr in info["frame_list"][:3] + info["frame_list"][-2:]:
+                check(frame_content(z, fr) == data[fr["d_off"]:fr["d_off"] + fr["d_size"]],
+                      name + ": frame at %d" % fr["c_off"])
+        check(inspect_zst(dst + "/many.zst")["frames"] == 3001, "many frames")
+        r = ctl("inspect", dst + "/text.zst")
+        check(r.returncode == 0 and "seekable" in r.stdout and "frames" in r.stdout,
+              "inspect: " + r.stdout + r.stderr)
+        # two zstd outputs one after the other: no seek table, walked
+        with open(d + "/multi.zst", "wb") as out:
+            for name in ("text", "one"):
+                out.write(subprocess.run(["zstd", "-q", "-c", d + "/src/" + name],
+                                         capture_output=True, check=True).stdout)
+        info = inspect_zst(d + "/multi.zst")
+        check(info["kind"] == "walked" and info["table_offset"] is None, "walked: %s" % info)
+        check_index(info, files["text"] + files["one"], os.path.getsize(d + "/multi.zst"),
+                    "walked")
+        check(all(f["checksum"] is None for f in info["frame_list"]), "walked checksums")
+        with open(d + "/plain.zst", "wb") as f:
+            f.write(files["text"][:5000])
+        r = ctl("inspect", d + "/plain.zst", "--json")
+        one_line_error(r, "not zstd", "not a zstd file")
+        check(r.stdout == "", "output for a file that is not zstd: %r" % r.stdout[:200])
+        with open(dst + "/text.zst", "r+b") as f:
+            f.seek(-9, 2)
+            f.write((0x7FFFFFFF).to_bytes(4, "little"))
+        one_line_error(ctl("inspect", dst + "/text.zst"), "a lying table", "seek table")
+
+
+if __name__ == "__main__":
+    main(globals(), "test_cli.py")
