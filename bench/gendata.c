@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../accounting/accounting.h"
+#include "../common/common.h"
 
 static uint64_t s[2];
 
