@@ -166,7 +166,10 @@ struct read_req {
 	void *io_ctx;
 	uint64_t pos;
 	size_t len;
-	bool fault;      /* a page-cache fill (mmap), not a read() */
+	bool fault;      /* an mmap fault, not a read() */
+	bool fill;       /* a page-cache fill: the kernel takes a short reply
+			  * for the end of the file, so it gets all or an
+			  * error, never a part */
 	/* out, for the reply */
 	struct iovec iov[READ_REQ_MAX_FOLIOS];
 	int niov;

@@ -207,10 +207,14 @@ static void note_unused(struct group *g, struct folio *f)
 		ops->folio_unused(f);
 }
 
-/* The inactive list is empty or low: refill it, false if nothing can. */
-static bool inactive_ready(struct lru *l, struct group *g)
+/*
+ * The inactive list is empty or low, or went round once with nothing to
+ * evict (every folio locked or in use): refill it from the active list;
+ * false if nothing can.
+ */
+static bool inactive_ready(struct lru *l, struct group *g, bool stuck)
 {
-	if (!cds_list_empty(&l->inactive) && !inactive_is_low(l))
+	if (!cds_list_empty(&l->inactive) && !inactive_is_low(l) && !stuck)
 		return true;
 	return deactivate_one(l, g) || !cds_list_empty(&l->inactive);
 }
@@ -220,21 +224,24 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 {
 	struct lru *l = g->lru;
 	struct folio *freed = NULL, *f;
-	unsigned long got = 0, limit;
+	unsigned long got = 0, limit, rotated = 0;
 
 	(void)priv;
 	pthread_mutex_lock(&l->lock);
 	/* every folio may be seen twice: once promoted, once evicted */
 	limit = 2 * (l->nr_active + l->nr_inactive) + SWAP_CLUSTER_MAX;
-	while (got < nr && *scanned < limit && inactive_ready(l, g)) {
+	while (got < nr && *scanned < limit &&
+	       inactive_ready(l, g, rotated >= l->nr_inactive)) {
 		f = cds_list_entry(l->inactive.prev, struct folio, lru);
 		*scanned += f->nr_pages;
 		if (keep_referenced(l, g, f))
 			continue;
 		if (folio_test(f, FOLIO_LOCKED) || !folio_freeze(f)) {
 			cds_list_move(&f->lru, &l->inactive); /* rotate */
+			rotated += f->nr_pages;
 			continue;
 		}
+		rotated = 0;
 		note_unused(g, f);
 		lru_unlink_locked(f);
 		f->evict_next = freed;

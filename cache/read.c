@@ -44,6 +44,7 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 	rq->pos = pos;
 	rq->len = len;
 	rq->fault = false;
+	rq->fill = false;
 	rq->niov = 0;
 	rq->bytes = 0;
 	rq->waited_io = false;
@@ -58,11 +59,23 @@ void file_read_state_init(struct file_read_state *file)
 	atomic_init(&file->prev_pos, -1);
 }
 
-/* Fill folio i of batch b and publish the result to its waiters. */
+/*
+ * Fill folio i of batch b and publish the result to its waiters.  A fill
+ * may wait for I/O or decode for long (a frame streamed from its start):
+ * the worker does it RCU-offline, so that no grace period waits for it,
+ * after pinning the hot folios it holds without references.
+ */
 int cache_fill_batch(struct fill_batch *b, unsigned int i)
 {
 	struct folio *f = b->folios[i];
-	int err = b->mapping->ops->fill(b, i);
+	bool offline = read_pin_lockless();
+	int err;
+
+	if (offline)
+		cache_thread_offline();
+	err = b->mapping->ops->fill(b, i);
+	if (offline)
+		cache_thread_online();
 
 	if (err) {
 		stat_inc(f->group, err == -EBADMSG ? STAT_CORRUPT_FRAMES
@@ -350,7 +363,8 @@ static int read_folios(struct read_req *rq, uint64_t end)
 			return err;
 		i++;
 	}
-	return 0;
+	/* the reply is full: a read() asks for the rest, a fill cannot */
+	return i <= last && rq->fill ? -EIO : 0;
 }
 
 int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
@@ -379,7 +393,7 @@ int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
 	 * on, nothing of the open file may be touched, and the mapping only
 	 * through references (folios, pending windows).
 	 */
-	if (err && rq->bytes == 0)
+	if (err && (rq->bytes == 0 || rq->fill))
 		rc = reply(arg, NULL, err);
 	else
 		rc = reply(arg, rq->iov, rq->niov); /* an error after data: short */

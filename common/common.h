@@ -56,6 +56,8 @@ void text_json_string(struct text *t, const char *s);
 	  "cached data on inactive lists")                                     \
 	X(DEFERRED_FREE, "deferred_free_pages", gauge,                         \
 	  "hot folio data waiting for a grace period")                         \
+	X(DECODER_WINDOWS, "decoder_windows", gauge,                           \
+	  "windows of stream decoders, for frames served in pieces")           \
 	X(PGFAULT, "pgfault", event, "read requests served")                   \
 	X(PGMAJFAULT, "pgmajfault", event, "reads that waited for backing I/O") \
 	X(PGSCAN, "pgscan", event, "pages scanned by reclaim")                 \

@@ -36,8 +36,13 @@
  * start; so are frames whose content size is not in their header. */
 #define ZSEEK_SPLIT_ABOVE (4u << 20)
 #define ZSEEK_SUBFOLIO (1u << 20)
-/* Largest window a streamed frame may need (ZSTD_d_windowLogMax). */
-#define ZSEEK_STREAM_WINDOW_LOG 23
+/* Largest window a frame may need: what the zstd CLI decodes by default
+ * (ZSTD_WINDOWLOG_LIMIT_DEFAULT, 128 MiB); a streamed frame's window is
+ * charged to the budget while it streams. */
+#define ZSEEK_MAX_WINDOW_LOG 27
+/* The smallest frame that holds content: magic, two header bytes, and a
+ * block of a 3-byte header and one byte (zseek_max_content). */
+#define ZSEEK_MIN_FRAME_BYTES 10
 /* Smallest and largest frame size mkzfolio writes */
 #define ZSEEK_MIN_FRAME (4u << 10)
 #define ZSEEK_MAX_FRAME (16u << 20)
@@ -81,6 +86,7 @@ int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
 int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 		      struct zseek_index *idx, char *err, size_t errlen);
 void zseek_index_free(struct zseek_index *idx);
+uint64_t zseek_max_content(uint64_t c_size);
 int zseek_content_size(zseek_read_fn rd, void *ctx, uint64_t file_size,
 		       uint64_t *size);
 uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos);
@@ -112,6 +118,8 @@ struct zseek_stream {
 };
 int zseek_stream_init(struct zseek_stream *s);
 void zseek_stream_free(struct zseek_stream *s);
+int zseek_stream_need(zseek_read_fn rd, void *ctx,
+		      const struct zseek_frame *fr, uint64_t *bytes);
 int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,
 			   void *ctx, const struct zseek_frame *fr);
 int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,

@@ -68,6 +68,19 @@ static int read_exact(zseek_read_fn rd, void *ctx, void *buf, size_t len,
 	return (size_t)n == len ? 0 : -EBADMSG;
 }
 
+/*
+ * The most content a frame of c compressed bytes can hold: after its magic
+ * and a header of at least two bytes, every block takes at least 4 bytes
+ * (a 3-byte header and one byte repeated) and yields at most
+ * ZSTD_BLOCKSIZE_MAX.  0 below the smallest frame that holds anything.
+ */
+uint64_t zseek_max_content(uint64_t c)
+{
+	if (c < ZSEEK_MIN_FRAME_BYTES)
+		return 0;
+	return (c - 6) / 4 * (uint64_t)ZSTD_BLOCKSIZE_MAX;
+}
+
 ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off)
 {
 	int fd = *(int *)ctx;
@@ -164,6 +177,11 @@ static int table_decode(const struct table_geom *g, const uint8_t *tab,
 			return fail(err, errlen, -EBADMSG,
 				    "seek table: entry %u is out of bounds",
 				    i);
+		if (ds && ds > zseek_max_content(cs))
+			return fail(err, errlen, -EBADMSG,
+				    "seek table: entry %u claims %u bytes of "
+				    "content from %u compressed bytes",
+				    i, ds, cs);
 		fr->c_off = c;
 		fr->d_off = d;
 		fr->c_size = cs;
@@ -221,15 +239,15 @@ int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
 }
 
 /*
- * Walk one frame's blocks from pos: returns its end, or a negative errno.
- * ZSTD_findFrameCompressedSize() would need the whole frame in memory; this
- * reads only the 3-byte block headers through the callback, so a frame of
- * gigabytes is measured without reading it.
+ * Walk one frame's blocks from pos: returns its end, or a negative errno,
+ * and counts its blocks.  ZSTD_findFrameCompressedSize() would need the
+ * whole frame in memory; this reads only the 3-byte block headers through
+ * the callback, so a frame of gigabytes is measured without reading it.
  */
 static int64_t walk_blocks(zseek_read_fn rd, void *ctx, uint64_t pos,
-			   uint64_t file_size)
+			   uint64_t file_size, uint64_t *nblocks)
 {
-	for (;;) {
+	for (*nblocks = 0;; ++*nblocks) {
 		uint8_t bh[3];
 		uint32_t h, type, size;
 
@@ -244,8 +262,10 @@ static int64_t walk_blocks(zseek_read_fn rd, void *ctx, uint64_t pos,
 		pos += 3 + (type == 1 ? 1 : size);
 		if (pos > file_size)
 			return -EBADMSG;
-		if (h & 1)
+		if (h & 1) {
+			++*nblocks;
 			return (int64_t)pos;
+		}
 	}
 }
 
@@ -268,75 +288,110 @@ static int frames_push(struct zseek_index *idx, uint32_t *cap,
 	return 0;
 }
 
+/*
+ * One frame at off: its place, and its content size if the header says
+ * it.  A header that claims more content than its blocks can hold, or a
+ * window larger than ZSEEK_MAX_WINDOW_LOG, is refused with the reason.
+ */
+static int walk_frame(zseek_read_fn rd, void *ctx, uint64_t off,
+		      uint64_t file_size, struct zseek_frame *fr,
+		      char *err, size_t errlen)
+{
+	uint8_t hdr[ZSTD_FRAMEHEADERSIZE_MAX];
+	size_t n = file_size - off < sizeof(hdr) ? file_size - off
+						 : sizeof(hdr);
+	ZSTD_frameHeader fh;
+	uint64_t nblocks;
+	int64_t end;
+	size_t hsize;
+
+	if (n < 6 || read_exact(rd, ctx, hdr, n, off) ||
+	    le32(hdr) != ZSEEK_ZSTD_MAGIC)
+		return -EBADMSG;
+	hsize = ZSTD_frameHeaderSize(hdr, n);
+	if (ZSTD_isError(hsize) || ZSTD_getFrameHeader(&fh, hdr, n))
+		return -EBADMSG;
+	if (fh.windowSize > (1ull << ZSEEK_MAX_WINDOW_LOG))
+		return fail(err, errlen, -EBADMSG,
+			    "frame at offset %llu needs a %llu MiB window, "
+			    "over the limit of %u MiB",
+			    (unsigned long long)off,
+			    (unsigned long long)(fh.windowSize >> 20),
+			    1u << (ZSEEK_MAX_WINDOW_LOG - 20));
+	end = walk_blocks(rd, ctx, off + hsize, file_size, &nblocks);
+	if (end < 0 || (fh.checksumFlag && (uint64_t)end + 4 > file_size))
+		return -EBADMSG;
+	fr->c_off = off;
+	fr->c_size = (uint64_t)end + (fh.checksumFlag ? 4 : 0) - off;
+	fr->sized = fh.frameContentSize != ZSTD_CONTENTSIZE_UNKNOWN;
+	fr->d_size = fr->sized ? fh.frameContentSize : 0;
+	if (fr->d_size > nblocks * ZSTD_BLOCKSIZE_MAX)
+		return fail(err, errlen, -EBADMSG,
+			    "frame at offset %llu claims %llu bytes of "
+			    "content, its %llu blocks hold at most %llu",
+			    (unsigned long long)off,
+			    (unsigned long long)fr->d_size,
+			    (unsigned long long)nblocks,
+			    (unsigned long long)(nblocks *
+						 ZSTD_BLOCKSIZE_MAX));
+	return 0;
+}
+
 int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 		      struct zseek_index *idx, char *err, size_t errlen)
 {
 	uint64_t off = 0, d = 0;
 	uint32_t cap = 0;
+	int r = 0;
 
 	idx->frames = NULL;
 	idx->nframes = 0;
+	if (err && errlen)
+		err[0] = '\0';
 	while (off < file_size) {
-		uint8_t hdr[ZSTD_FRAMEHEADERSIZE_MAX];
-		size_t n = file_size - off < sizeof(hdr) ? file_size - off
-							 : sizeof(hdr);
-		ZSTD_frameHeader fh;
 		struct zseek_frame fr = {0};
-		int64_t end;
-		size_t hsize;
-		uint32_t magic;
+		uint8_t hdr[8];
 
-		if (n < 8 || read_exact(rd, ctx, hdr, n, off))
-			goto bad;
-		magic = le32(hdr);
-		if ((magic & ZSEEK_SKIPPABLE_MASK) == ZSEEK_SKIPPABLE_START) {
+		if (file_size - off < 8 || read_exact(rd, ctx, hdr, 8, off)) {
+			r = -EBADMSG;
+			break;
+		}
+		if ((le32(hdr) & ZSEEK_SKIPPABLE_MASK) == ZSEEK_SKIPPABLE_START) {
 			off += 8 + (uint64_t)le32(hdr + 4);
 			if (off > file_size)
-				goto bad;
+				r = -EBADMSG;
+			if (r)
+				break;
 			continue;
 		}
-		if (magic != ZSEEK_ZSTD_MAGIC)
-			goto bad;
-		hsize = ZSTD_frameHeaderSize(hdr, n);
-		if (ZSTD_isError(hsize) || ZSTD_getFrameHeader(&fh, hdr, n))
-			goto bad;
-		end = walk_blocks(rd, ctx, off + hsize, file_size);
-		if (end < 0)
-			goto bad;
-		if (fh.checksumFlag)
-			end += 4;
-		if ((uint64_t)end > file_size)
-			goto bad;
-		fr.c_off = off;
-		fr.c_size = (uint64_t)end - off;
+		r = walk_frame(rd, ctx, off, file_size, &fr, err, errlen);
+		if (r || fr.d_size > ZSEEK_MAX_CONTENT - d) {
+			r = -EBADMSG;
+			break;
+		}
 		fr.d_off = d;
-		fr.sized = fh.frameContentSize != ZSTD_CONTENTSIZE_UNKNOWN;
-		fr.d_size = fr.sized ? fh.frameContentSize : 0;
-		if (fr.d_size > ZSEEK_MAX_CONTENT - d)
-			goto bad;
 		/* keep unsized frames: their size is measured later */
-		if (fr.d_size || !fr.sized) {
-			int r = frames_push(idx, &cap, &fr);
-
-			if (r) {
-				zseek_index_free(idx);
-				return fail(err, errlen, r,
-					    "too many frames (limit %u)",
-					    ZSEEK_MAX_FRAMES);
-			}
+		if ((fr.d_size || !fr.sized) &&
+		    (r = frames_push(idx, &cap, &fr))) {
+			zseek_index_free(idx);
+			return fail(err, errlen, r, "too many frames (limit %u)",
+				    ZSEEK_MAX_FRAMES);
 		}
 		d += fr.d_size;
-		off = (uint64_t)end;
+		off += fr.c_size;
+	}
+	if (r) {
+		zseek_index_free(idx);
+		if (err && errlen && err[0])
+			return r; /* walk_frame said why */
+		return fail(err, errlen, r,
+			    "not a valid zstd stream at offset %llu",
+			    (unsigned long long)off);
 	}
 	idx->kind = ZSEEK_WALKED;
 	idx->content_size = d;
 	idx->has_checksum = false;
 	return 0;
-bad:
-	zseek_index_free(idx);
-	return fail(err, errlen, -EBADMSG,
-		    "not a valid zstd stream at offset %llu",
-		    (unsigned long long)off);
 }
 
 /* Measure frames whose headers do not say their size: decode them once. */
@@ -498,9 +553,9 @@ int zseek_stream_init(struct zseek_stream *s)
 		zseek_stream_free(s);
 		return -ENOMEM;
 	}
-	/* untrusted frames must not make us allocate a huge window */
+	/* what the zstd CLI decodes, and no more: walk_frame refuses larger */
 	ZSTD_DCtx_setParameter(s->ds, ZSTD_d_windowLogMax,
-			       ZSEEK_STREAM_WINDOW_LOG);
+			       ZSEEK_MAX_WINDOW_LOG);
 	return 0;
 }
 
@@ -578,6 +633,28 @@ static int64_t stream_pump(struct zseek_stream *s, zseek_read_fn rd,
 		}
 	}
 	return (int64_t)produced;
+}
+
+/*
+ * The memory a stream needs to decode frame fr: its window (or, if
+ * smaller, its content) and one block, read from the frame's header.  0
+ * and -EBADMSG if the header cannot be read or wants too large a window.
+ */
+int zseek_stream_need(zseek_read_fn rd, void *ctx,
+		      const struct zseek_frame *fr, uint64_t *bytes)
+{
+	uint8_t hdr[ZSTD_FRAMEHEADERSIZE_MAX];
+	size_t n = fr->c_size < sizeof(hdr) ? (size_t)fr->c_size : sizeof(hdr);
+	ZSTD_frameHeader fh;
+
+	if (read_exact(rd, ctx, hdr, n, fr->c_off) ||
+	    ZSTD_getFrameHeader(&fh, hdr, n) ||
+	    fh.windowSize > (1ull << ZSEEK_MAX_WINDOW_LOG))
+		return -EBADMSG;
+	*bytes = ZSTD_decodingBufferSize_min(fh.windowSize,
+					     fh.frameContentSize) +
+		 ZSTD_DStreamInSize() + ZSTD_BLOCKSIZE_MAX;
+	return 0;
 }
 
 int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,

@@ -37,44 +37,6 @@
 
 __thread struct worker *current_worker;
 
-/*
- * A test hook: ZFOLIO_TEST_FAULT=eio:N or short:N makes every Nth backing
- * read of file data fail with EIO, or return half of what it asked for.
- * The mount tests use it to check that an EIO stays in its range and that
- * short reads are completed, on the real read path (io_uring included).
- */
-static enum { FAULT_NONE, FAULT_EIO, FAULT_SHORT } fault_mode;
-static unsigned int fault_every;
-static atomic_uint fault_count;
-
-void backing_faults_from_env(void)
-{
-	const char *s = getenv("ZFOLIO_TEST_FAULT");
-	unsigned int n;
-
-	if (!s)
-		return;
-	if (sscanf(s, "eio:%u", &n) == 1 && n)
-		fault_mode = FAULT_EIO;
-	else if (sscanf(s, "short:%u", &n) == 1 && n)
-		fault_mode = FAULT_SHORT;
-	else
-		return;
-	fault_every = n;
-	fprintf(stderr, "zfolio: test hook: %s\n", s);
-}
-
-/* What a backing read of len bytes that got res returns under the hook. */
-static long fault_apply(long res, uint64_t len)
-{
-	if (fault_mode == FAULT_NONE || res <= 0 ||
-	    (atomic_fetch_add(&fault_count, 1) + 1) % fault_every)
-		return res;
-	if (fault_mode == FAULT_EIO)
-		return -EIO;
-	return len / 2 ? (long)(len / 2) : res;
-}
-
 /* Reads in flight per worker: windows of up to 32 frames, a few pending;
  * deeper rings cost locked memory per worker */
 #define RING_DEPTH 256
@@ -92,7 +54,8 @@ struct worker *worker_create(int id, bool ring)
 		return NULL;
 	}
 	/* no ring (backing_io=pread, old kernel, seccomp): pread instead */
-	w->ring_ok = ring && io_uring_queue_init(RING_DEPTH, &w->ring, 0) == 0;
+	if (ring)
+		ring_init(&w->ring, RING_DEPTH);
 	return w;
 }
 
@@ -100,8 +63,7 @@ void worker_destroy(struct worker *w)
 {
 	if (!w)
 		return;
-	if (w->ring_ok)
-		io_uring_queue_exit(&w->ring);
+	ring_exit(&w->ring);
 	ZSTD_freeDCtx(w->dctx);
 	free(w);
 }
@@ -173,25 +135,16 @@ static bool slot_split(const struct zfile *f, unsigned long i)
 	return f->slot_frame && frame_split(&f->idx.frames[f->slot_frame[i]]);
 }
 
-/* One read of adjacent frames; its completion comes back as user_data. */
-struct run {
-	uint64_t off;
-	uint64_t len;
-	uint8_t *dst;
-	int res;   /* bytes read, or -errno */
-	bool done;
-	bool dontcache;
-};
-
 /* The compressed bytes of a batch, read in as few reads as it takes. */
 struct batch_io {
 	uint8_t *buf;
 	size_t *off;       /* per folio: where its frame starts in buf */
 	unsigned int *run; /* per folio: its read */
 	int *err;          /* raw files: per folio, the read's result */
-	struct run *runs;
+	struct ring_read *runs; /* reads of adjacent frames */
+	bool *dontcache;   /* per run: it was asked uncached */
 	unsigned int nruns;
-	struct io_uring *ring; /* NULL: the reads were done by pread */
+	struct ring *ring; /* NULL: the reads were done by pread */
 };
 
 static ssize_t fd_read(struct zfile *f, void *buf, size_t len, uint64_t off)
@@ -243,120 +196,128 @@ static int submit_raw(struct fill_batch *b, struct zfile *f,
 	return 0;
 }
 
-static struct io_uring *ring_of(void *io_ctx)
+static struct ring *ring_of(void *io_ctx)
 {
 	struct worker *w = io_ctx;
 
-	return w && w->ring_ok ? &w->ring : NULL;
+	return w && w->ring.ok ? &w->ring : NULL;
 }
 
-/* Reap one completion from the ring: it finishes some batch's run. */
-static void reap_one(struct io_uring *ring)
+/* Queue run k on the ring, or read it now (no ring, or it is full). */
+static void queue_run(struct zfile *f, struct batch_io *io, unsigned int k)
 {
-	struct io_uring_cqe *cqe;
-	struct run *r;
-
-	while (io_uring_wait_cqe(ring, &cqe) == -EINTR)
-		;
-	r = io_uring_cqe_get_data(cqe);
-	r->res = (int)fault_apply(cqe->res, r->len);
-	r->done = true;
-	io_uring_cqe_seen(ring, cqe);
-}
-
-/* Queue run r on the ring, or read it now if the ring is full. */
-static void queue_run(struct zfile *f, struct io_uring *ring, struct run *r)
-{
-	struct io_uring_sqe *sqe = ring ? io_uring_get_sqe(ring) : NULL;
+	struct ring_read *r = &io->runs[k];
+	bool dontcache = atomic_load_explicit(&f->dontcache,
+					      memory_order_relaxed);
 	ssize_t n;
 
-	if (!sqe && ring) {
-		io_uring_submit(ring);
-		sqe = io_uring_get_sqe(ring);
-	}
-	if (sqe) {
-		io_uring_prep_read(sqe, f->fd, r->dst, (unsigned int)r->len,
-				   r->off);
-		r->dontcache = atomic_load_explicit(&f->dontcache,
-						    memory_order_relaxed);
-		if (r->dontcache)
-			sqe->rw_flags = RWF_DONTCACHE;
-		io_uring_sqe_set_data(sqe, r);
+	io->dontcache[k] = dontcache;
+	if (io->ring && ring_queue(io->ring, f->fd, r,
+				   dontcache ? RWF_DONTCACHE : 0) == 0)
 		return;
-	}
 	n = fd_read(f, r->dst, r->len, r->off);
-	r->res = n < 0 ? (int)n : (int)n;
+	r->res = (int)n;
 	r->done = true;
 }
 
-static int zfile_submit(struct fill_batch *b)
+static int batch_alloc(struct fill_batch *b, struct batch_io **out)
 {
-	struct zfile *f = b->mapping->host;
 	struct batch_io *io = calloc(1, sizeof(*io));
-	size_t total = 0, pos = 0;
 
+	*out = io;
+	b->fs_priv = io;
 	if (!io)
 		return -ENOMEM;
 	io->off = calloc(b->nr, sizeof(*io->off));
 	io->run = calloc(b->nr, sizeof(*io->run));
 	io->err = calloc(b->nr, sizeof(*io->err));
 	io->runs = calloc(b->nr, sizeof(*io->runs));
-	b->fs_priv = io;
-	if (!io->off || !io->run || !io->err || !io->runs)
+	io->dontcache = calloc(b->nr, sizeof(*io->dontcache));
+	if (!io->off || !io->run || !io->err || !io->runs || !io->dontcache)
 		return -ENOMEM;
+	for (unsigned int i = 0; i < b->nr; i++)
+		io->runs[i].done = true; /* until queued */
+	return 0;
+}
+
+/* The frame of batch folio i, when it is read as a whole (not split). */
+static const struct zseek_frame *batch_frame(struct fill_batch *b,
+					     struct zfile *f, unsigned int i)
+{
+	if (!b->folios[i] || slot_split(f, b->start + i))
+		return NULL;
+	return &f->idx.frames[slot_frame(f, b->start + i)];
+}
+
+/* Folios from i on whose frames follow each other in the file: run k. */
+static unsigned int batch_run(struct fill_batch *b, struct zfile *f,
+			      struct batch_io *io, unsigned int i,
+			      unsigned int k, size_t pos)
+{
+	struct ring_read *r = &io->runs[k];
+	const struct zseek_frame *fr = batch_frame(b, f, i);
+	unsigned int j;
+
+	r->off = fr->c_off;
+	r->dst = io->buf + pos;
+	r->len = 0;
+	for (j = i; j < b->nr && (fr = batch_frame(b, f, j)); j++) {
+		if (fr->c_off != r->off + r->len)
+			break;
+		io->off[j] = pos + r->len;
+		io->run[j] = k;
+		r->len += fr->c_size;
+	}
+	return j;
+}
+
+static int zfile_submit(struct fill_batch *b)
+{
+	struct zfile *f = b->mapping->host;
+	struct batch_io *io;
+	size_t total = 0, pos = 0;
+	int err = batch_alloc(b, &io);
+
+	if (err)
+		return err;
 	if (f->idx.kind == ZSEEK_RAW)
 		return submit_raw(b, f, io);
 	for (unsigned int i = 0; i < b->nr; i++)
-		if (b->folios[i] && !slot_split(f, b->start + i))
-			total += f->idx.frames[slot_frame(f, b->start + i)]
-					 .c_size;
+		if (batch_frame(b, f, i))
+			total += batch_frame(b, f, i)->c_size;
 	if (!total)
 		return 0;
 	io->buf = malloc(total);
 	if (!io->buf)
 		return -ENOMEM;
 	io->ring = ring_of(b->io_ctx);
-	/* runs of folios whose frames are adjacent in the file: one read */
-	for (unsigned int i = 0; i < b->nr;) {
-		const struct zseek_frame *fr;
-		struct run *r = &io->runs[io->nruns];
-		unsigned int j;
-
-		if (!b->folios[i] || slot_split(f, b->start + i)) {
-			i++;
+	for (unsigned int i = 0, j; i < b->nr; i = j) {
+		if (!batch_frame(b, f, i)) {
+			j = i + 1;
 			continue;
 		}
-		fr = &f->idx.frames[slot_frame(f, b->start + i)];
-		r->off = fr->c_off;
-		r->dst = io->buf + pos;
-		for (j = i; j < b->nr && b->folios[j] &&
-			    !slot_split(f, b->start + j);
-		     j++) {
-			fr = &f->idx.frames[slot_frame(f, b->start + j)];
-			if (fr->c_off != r->off + r->len)
-				break;
-			io->off[j] = pos + r->len;
-			io->run[j] = io->nruns;
-			r->len += fr->c_size;
-		}
-		pos += r->len;
-		queue_run(f, io->ring, r);
+		j = batch_run(b, f, io, i, io->nruns, pos);
+		pos += io->runs[io->nruns].len;
 		stat_mod(b->folios[i]->group, STAT_BACKING_BYTES,
-			 (long)r->len);
-		io->nruns++;
-		i = j;
+			 (long)io->runs[io->nruns].len);
+		queue_run(f, io, io->nruns++);
 	}
+	/* a ring that fails here fails its reads: fill() sees it */
 	if (io->ring)
-		io_uring_submit(io->ring);
+		ring_submit(io->ring);
 	return 0;
 }
 
-/* Wait until run r has completed; finish a short read by pread. */
-static int run_wait(struct zfile *f, struct batch_io *io, struct run *r)
+/* Wait until run k has completed; finish a short read by pread. */
+static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 {
-	while (!r->done)
-		reap_one(io->ring);
-	if (r->res < 0 && r->dontcache &&
+	struct ring_read *r = &io->runs[k];
+
+	if (!r->done && io->ring)
+		ring_wait(io->ring, r);
+	if (!r->done)
+		return -EIO;
+	if (r->res < 0 && io->dontcache[k] &&
 	    (r->res == -EOPNOTSUPP || r->res == -EINVAL)) {
 		/* uncached reads refused here: plain reads from now on */
 		atomic_store(&f->dontcache, false);
@@ -384,13 +345,92 @@ static ZSTD_DCtx *dctx_of(void *io_ctx)
 	return w ? w->dctx : NULL;
 }
 
+/* Free f's stream and give back its window; f's stream lock is held. */
+static void stream_drop(struct zfile *f)
+{
+	struct group *root = &f->mapping->cache->budget.root;
+
+	if (f->stream_ready)
+		zseek_stream_free(&f->stream);
+	f->stream_ready = false;
+	if (!f->stream_pages)
+		return;
+	uncharge(root, f->stream_pages);
+	stat_mod(root, STAT_DECODER_WINDOWS, -(long)f->stream_pages);
+	f->stream_pages = 0;
+}
+
+/* Free the least recently used idle stream other than mine: false if none. */
+static bool stream_evict_one(struct stream_pool *pool, struct zfile *mine)
+{
+	struct zfile *f;
+	bool freed = false;
+
+	pthread_mutex_lock(&pool->lock);
+	cds_list_for_each_entry(f, &pool->lru, stream_link) {
+		/* trylock: a stream in use is not idle, and the lock order
+		 * (stream, then pool) must not be reversed */
+		if (f == mine || pthread_mutex_trylock(&f->stream_lock))
+			continue;
+		cds_list_del_init(&f->stream_link);
+		stream_drop(f);
+		pthread_mutex_unlock(&f->stream_lock);
+		freed = true;
+		break;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return freed;
+}
+
+/*
+ * Charge the stream's window to the budget before it is allocated: up to
+ * 128 MiB for frames the zstd CLI wrote with --long or --ultra.  Idle
+ * streams of other files give their windows back when there is no room;
+ * a budget that still cannot hold it makes the frame EIO, with the reason
+ * in the log.  f's stream lock is held.
+ */
+static int stream_charge(struct zfile *f, const struct zseek_frame *fr)
+{
+	struct group *root = &f->mapping->cache->budget.root;
+	unsigned long pages;
+	uint64_t need;
+	int r = zseek_stream_need(zseek_pread_fd, &f->fd, fr, &need);
+
+	if (r)
+		return r;
+	pages = pages_of_bytes(need);
+	while (pages > f->stream_pages &&
+	       charge_demand(root, pages - f->stream_pages)) {
+		if (stream_evict_one(f->pool, f))
+			continue;
+		zlog_file(f->path, "the budget cannot hold a %llu MiB decoder "
+				   "window for a frame at offset %llu",
+			  (unsigned long long)(need >> 20),
+			  (unsigned long long)fr->c_off);
+		return -EIO;
+	}
+	if (pages > f->stream_pages) {
+		stat_mod(root, STAT_DECODER_WINDOWS,
+			 (long)(pages - f->stream_pages));
+		f->stream_pages = pages;
+	}
+	/* the most recently used goes last */
+	pthread_mutex_lock(&f->pool->lock);
+	cds_list_del(&f->stream_link);
+	cds_list_add_tail(&f->stream_link, &f->pool->lru);
+	pthread_mutex_unlock(&f->pool->lock);
+	return 0;
+}
+
 static int read_split(struct zfile *f, unsigned long slot, void *dst,
 		      size_t len)
 {
-	int r = 0;
+	const struct zseek_frame *fr = &f->idx.frames[f->slot_frame[slot]];
+	int r;
 
 	pthread_mutex_lock(&f->stream_lock);
-	if (!f->stream_ready) {
+	r = stream_charge(f, fr);
+	if (!r && !f->stream_ready) {
 		r = zseek_stream_init(&f->stream);
 		f->stream_ready = r == 0;
 	}
@@ -416,7 +456,7 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 		return io->err[i];
 	if (slot_split(f, slot))
 		return read_split(f, slot, fo->data, fo->len);
-	err = run_wait(f, io, &io->runs[io->run[i]]);
+	err = run_wait(f, io, io->run[i]);
 	if (err)
 		return err;
 	dctx = dctx_of(b->io_ctx);
@@ -430,18 +470,24 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 static void zfile_finish(struct fill_batch *b)
 {
 	struct batch_io *io = b->fs_priv;
+	bool orphaned = false;
 
 	if (!io)
 		return;
 	/* no completion may arrive after its buffer is gone */
-	for (unsigned int k = 0; k < io->nruns; k++)
-		while (!io->runs[k].done)
-			reap_one(io->ring);
-	free(io->buf);
+	for (unsigned int k = 0; k < io->nruns; k++) {
+		if (!io->runs[k].done && io->ring)
+			ring_wait(io->ring, &io->runs[k]);
+		orphaned |= io->runs[k].orphaned || !io->runs[k].done;
+	}
+	if (!orphaned) /* else the kernel may still write it: keep it */
+		free(io->buf);
 	free(io->off);
 	free(io->run);
 	free(io->err);
-	free(io->runs);
+	if (!orphaned)
+		free(io->runs);
+	free(io->dontcache);
 	free(io);
 	b->fs_priv = NULL;
 }
@@ -485,14 +531,17 @@ static void zfile_release(struct mapping *m)
 {
 	struct zfile *f = m->host;
 
-	if (f->stream_ready)
-		zseek_stream_free(&f->stream);
+	pthread_mutex_lock(&f->pool->lock);
+	cds_list_del_init(&f->stream_link);
+	pthread_mutex_unlock(&f->pool->lock);
+	stream_drop(f);
 	pthread_mutex_destroy(&f->stream_lock);
 	zseek_index_free(&f->idx);
 	free(f->starts);
 	free(f->slot_frame);
 	free(f->slot_skip);
 	close(f->fd);
+	free(f->path);
 	free(f);
 }
 

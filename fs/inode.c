@@ -73,14 +73,16 @@ int inodes_init(struct dataset *ds)
 /* At unmount, from a registered thread: no reader is left. */
 void inodes_fini(struct dataset *ds)
 {
+	struct cds_lfht_node *hn;
 	struct cds_lfht_iter it;
-	struct znode *n;
 
 	if (!ds->inodes)
 		return;
-	cds_lfht_for_each_entry(ds->inodes, &it, n, hnode) {
-		cds_lfht_del(ds->inodes, &n->hnode);
-		znode_free(n);
+	/* not cds_lfht_for_each_entry: it forms container_of(NULL) at the end */
+	for (cds_lfht_first(ds->inodes, &it);
+	     (hn = cds_lfht_iter_get_node(&it)); cds_lfht_next(ds->inodes, &it)) {
+		cds_lfht_del(ds->inodes, hn);
+		znode_free(caa_container_of(hn, struct znode, hnode));
 	}
 	cds_lfht_destroy(ds->inodes, NULL);
 	ds->inodes = NULL;
@@ -264,15 +266,12 @@ static void zfile_unindex(struct zfile *f)
 	free(f->slot_skip);
 }
 
-/* Open n's backing file and index its frames. */
-static int zfile_index(struct dataset *ds, struct znode *n, struct zfile *f)
+/* Index f's frames, RCU-offline (it reads, and may decode unsized ones). */
+static int zfile_index(struct zfile *f)
 {
 	char err[256] = "";
 	int r;
 
-	f->fd = dataset_open_backing(ds, n->path, O_RDONLY);
-	if (f->fd < 0)
-		return f->fd;
 	if (fstat(f->fd, &f->st) || !S_ISREG(f->st.st_mode))
 		return -EIO;
 	/*
@@ -281,26 +280,38 @@ static int zfile_index(struct dataset *ds, struct znode *n, struct zfile *f)
 	 * page cache outside the budget.
 	 */
 	posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM);
+	cache_thread_offline();
 	r = zseek_index_build(zseek_pread_fd, &f->fd, (uint64_t)f->st.st_size,
 			      f->decode, &f->idx, err, sizeof(err));
+	cache_thread_online();
 	if (r) {
-		fprintf(stderr, "zfolio: %s: %s\n", n->path, err);
+		zlog_file(f->path, "%s", err[0] ? err : strerror(-r));
 		return r == -ENOMEM ? r : -EIO;
 	}
 	return zfile_build_geometry(f);
 }
 
-static int zfile_open(struct dataset *ds, struct znode *n, struct zfile **out)
+/*
+ * The backing state of the open backing file fd (which it takes over),
+ * served decoded or not, with one mapping reference for the caller.
+ */
+int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
+		 struct zfile **out)
 {
 	struct zfile *f = calloc(1, sizeof(*f));
 	int r;
 
-	if (!f)
+	if (!f || !(f->path = strdup(path))) {
+		free(f);
+		close(fd);
 		return -ENOMEM;
-	f->decode = n->decode;
-	f->fd = -1;
+	}
+	f->fd = fd;
+	f->decode = decode;
+	f->pool = &ds->streams;
+	CDS_INIT_LIST_HEAD(&f->stream_link);
 	atomic_init(&f->dontcache, ds->opt->backing_cache == BACKING_DROP);
-	r = zfile_index(ds, n, f);
+	r = zfile_index(f);
 	if (!r) {
 		f->mapping = mapping_create(&ds->cache, &zfile_mapping_ops, f,
 					    f->idx.content_size, f->nslots,
@@ -309,8 +320,8 @@ static int zfile_open(struct dataset *ds, struct znode *n, struct zfile **out)
 	}
 	if (r) {
 		zfile_unindex(f);
-		if (f->fd >= 0)
-			close(f->fd);
+		close(f->fd);
+		free(f->path);
 		free(f);
 		return r;
 	}
@@ -320,6 +331,15 @@ static int zfile_open(struct dataset *ds, struct znode *n, struct zfile **out)
 			 f->idx.nunsized);
 	*out = f;
 	return 0;
+}
+
+static int zfile_open(struct dataset *ds, struct znode *n, struct zfile **out)
+{
+	int fd = dataset_open_backing(ds, n->path, O_RDONLY);
+
+	if (fd < 0)
+		return fd;
+	return zfile_create(ds, fd, n->decode, n->path, out);
 }
 
 /*
@@ -344,8 +364,16 @@ int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 		zfile_put(n->file);
 		n->file = NULL;
 	}
-	if (!n->file)
+	/* a file that failed to index fails again at once, until it changes */
+	if (!n->file && n->bad_err && backing_lstat(ds, n->path, &st) == 0 &&
+	    same_backing(&st, &n->bad_st))
+		r = n->bad_err;
+	else if (!n->file)
 		r = zfile_open(ds, n, &n->file);
+	if (r == -EIO && !n->file && backing_lstat(ds, n->path, &st) == 0) {
+		n->bad_err = r;
+		n->bad_st = st;
+	}
 	if (!r) {
 		f = n->file;
 		mapping_get(f->mapping);

@@ -86,6 +86,7 @@ enum znode_kind {
  */
 struct zfile {
 	int fd;
+	char *path;            /* for messages: the backing path */
 	atomic_bool dontcache; /* backing reads with RWF_DONTCACHE */
 	struct zseek_index idx;
 	bool decode;
@@ -99,6 +100,9 @@ struct zfile {
 	pthread_mutex_t stream_lock;
 	struct zseek_stream stream; /* for split frames */
 	bool stream_ready;
+	unsigned long stream_pages; /* charged for the stream's window */
+	struct stream_pool *pool;   /* the dataset's live streams */
+	struct cds_list_head stream_link; /* on pool->lru while it has one */
 	struct mapping *mapping;
 };
 
@@ -120,6 +124,8 @@ struct znode {
 	/* files */
 	pthread_mutex_t lock;
 	struct zfile *file; /* current, indexed at the first getattr or open */
+	int bad_err;        /* the index failed: this, while unchanged */
+	struct stat bad_st; /* the backing file it failed on */
 	/* control files */
 	struct group *group;
 	int ctl_id;
@@ -132,8 +138,18 @@ struct zhandle {
 	struct file_ra_state ra;
 };
 
+/*
+ * The streams with a decoder window, least recently used first: a window
+ * that the budget cannot hold is made room for by freeing idle ones.
+ */
+struct stream_pool {
+	pthread_mutex_t lock;
+	struct cds_list_head lru;
+};
+
 struct dataset {
 	struct options *opt;
+	struct stream_pool streams;
 	int rootfd;              /* the dataset directory, or the file's dir */
 	char *single;            /* when mounting one file: its backing name */
 	struct stat root_st;
@@ -154,12 +170,36 @@ struct dataset {
 	uint64_t usage_bytes, usage_entries;
 };
 
+/* ring.c: a worker's io_uring for backing reads */
+struct ring_read {
+	uint64_t off, len;
+	uint8_t *dst;
+	int res;       /* bytes read, or -errno */
+	bool done;
+	bool orphaned; /* failed with the ring: the kernel may still write dst */
+	struct cds_list_head link; /* on ring->reads while queued */
+};
+
+struct ring {
+	struct io_uring uring;
+	bool ok;       /* usable */
+	bool broken;   /* was set up, then failed: reads use pread */
+	unsigned int inflight;   /* queued or submitted, not reaped */
+	unsigned int cq_entries; /* the most that may be in flight */
+	struct cds_list_head reads; /* what is in flight */
+};
+int ring_init(struct ring *r, unsigned int depth);
+void ring_exit(struct ring *r);
+int ring_queue(struct ring *r, int fd, struct ring_read *rr, int rw_flags);
+int ring_submit(struct ring *r);
+int ring_reap(struct ring *r);
+int ring_wait(struct ring *r, struct ring_read *rr);
+
 /* The worker that serves the current request: one per thread. */
 struct worker {
 	int id;
 	ZSTD_DCtx *dctx;
-	struct io_uring ring; /* backing reads of this worker's windows */
-	bool ring_ok;
+	struct ring ring; /* backing reads of this worker's windows */
 	struct ra_request rq;
 };
 extern __thread struct worker *current_worker;
@@ -202,13 +242,20 @@ int znode_stat(struct dataset *ds, struct znode *n, struct stat *st);
 int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 	       struct zfile **out);
 void zfile_put(struct zfile *f);
+int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
+		 struct zfile **out);
 struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
 			enum znode_kind kind);
 
 /* backing.c */
 extern const struct mapping_ops zfile_mapping_ops;
-void backing_faults_from_env(void);
 int zfile_build_geometry(struct zfile *f);
+
+/* faults.c: the test hook ZFOLIO_TEST_FAULT */
+void backing_faults_from_env(void);
+long fault_apply(long res, uint64_t len);
+int fault_uring_submit(void);
+int fault_uring_wait(void);
 
 /* ctl.c: the control files, declared once in ctl_files[] */
 #define CTL_DIR_ID (-1)
@@ -229,6 +276,11 @@ void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st);
 int ctl_read(struct dataset *ds, struct znode *n, char **buf, size_t *len);
 int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
 	      size_t len);
+
+/* log.c: why a file reads as EIO, once per file and reason */
+void zlog_init(bool foreground);
+void zlog_file(const char *what, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
 
 /* initio.c */
 int initio_install(struct fuse_session *se);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -148,80 +149,204 @@ static int check_mountpoint(const char *mp)
 
 /* --- workers --- */
 
+/*
+ * The worker loop and its stop.  A stop (SIGTERM, SIGINT, SIGHUP, or the
+ * kernel ending the session at unmount) lets every request the kernel has
+ * queued be served: /dev/fuse turns non-blocking, and each worker serves
+ * until a read finds the queue empty (or LOOP_DRAIN_MS have passed, so
+ * that readers who keep asking cannot hold the stop up), then leaves.  A
+ * worker waiting in receive is woken by LOOP_WAKE_SIGNAL, whose handler
+ * does nothing but make the read return EINTR; it is sent again until
+ * every worker has left, since it may land just before a worker starts to
+ * wait.  Only then is the mount detached and /dev/fuse closed, which makes
+ * the kernel fail, at once, whatever is asked later of a file left open.
+ */
+#define LOOP_WAKE_SIGNAL SIGUSR1
+/* how often waiting workers are woken while the loop stops, in ms */
+#define LOOP_WAKE_MS 20
+/* the most a stop serves what is queued, in ms */
+#define LOOP_DRAIN_MS 2000
+
+struct loop_worker {
+	pthread_t thread;
+	struct loop *lp;
+	atomic_bool receiving; /* waiting for a request (or about to) */
+	atomic_bool alive;
+};
+
 struct loop {
 	struct fuse_session *se;
 	bool ring;
-	sem_t done;
-	pthread_t *threads;
+	atomic_bool stopping;
+	struct timespec drain_end; /* set before stopping */
+	sem_t done; /* a worker left */
+	struct loop_worker *workers;
 	unsigned int n;
 };
 
-static void *worker_main(void *arg)
+static void wake_handler(int sig)
 {
-	struct loop *lp = arg;
-	struct fuse_buf buf = {.mem = NULL};
-	static atomic_int ids;
-	struct worker *w = worker_create(atomic_fetch_add(&ids, 1), lp->ring);
+	(void)sig;
+}
 
-	if (!w) {
-		fuse_session_exit(lp->se);
-		sem_post(&lp->done);
-		return NULL;
-	}
-	current_worker = w;
-	cache_thread_register();
-	while (!fuse_session_exited(lp->se)) {
+static bool drain_over(struct loop *lp)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return now.tv_sec > lp->drain_end.tv_sec ||
+	       (now.tv_sec == lp->drain_end.tv_sec &&
+		now.tv_nsec >= lp->drain_end.tv_nsec);
+}
+
+/* Receive and serve requests until the loop stops and the queue is empty. */
+static void worker_serve(struct loop_worker *me, struct fuse_buf *buf)
+{
+	struct loop *lp = me->lp;
+
+	for (;;) {
+		bool stopping = atomic_load(&lp->stopping);
 		int r;
 
+		if (stopping && drain_over(lp))
+			break;
+		if (!stopping && fuse_session_exited(lp->se))
+			break; /* the kernel ended it, or startup failed */
+		atomic_store(&me->receiving, true);
 		cache_thread_offline();
-		r = fuse_session_receive_buf(lp->se, &buf);
+		r = fuse_session_receive_buf(lp->se, buf);
 		cache_thread_online();
-		if (r == -EINTR || r == -EAGAIN)
+		atomic_store(&me->receiving, false);
+		if (r == -EINTR)
+			continue;
+		if (r == -EAGAIN && atomic_load(&lp->stopping))
+			break; /* queue empty while stopping */
+		if (r == -EAGAIN)
 			continue;
 		if (r <= 0) {
 			fuse_session_exit(lp->se);
 			break;
 		}
-		fuse_session_process_buf(lp->se, &buf);
+		fuse_session_process_buf(lp->se, buf);
 		/* pointers loaded for this request are dead from here on */
 		cache_quiescent();
 	}
-	cache_thread_unregister();
-	free(buf.mem);
-	current_worker = NULL;
-	worker_destroy(w);
-	sem_post(&lp->done);
+}
+
+static void *worker_main(void *arg)
+{
+	struct loop_worker *me = arg;
+	struct fuse_buf buf = {.mem = NULL};
+	static atomic_int ids;
+	struct worker *w = worker_create(atomic_fetch_add(&ids, 1),
+					 me->lp->ring);
+	sigset_t wake;
+
+	sigemptyset(&wake);
+	sigaddset(&wake, LOOP_WAKE_SIGNAL);
+	pthread_sigmask(SIG_UNBLOCK, &wake, NULL);
+	if (w) {
+		current_worker = w;
+		cache_thread_register();
+		worker_serve(me, &buf);
+		cache_thread_unregister();
+		free(buf.mem);
+		current_worker = NULL;
+		worker_destroy(w);
+	} else {
+		fuse_session_exit(me->lp->se);
+	}
+	atomic_store(&me->alive, false);
+	sem_post(&me->lp->done);
 	return NULL;
 }
 
 static int loop_start(struct loop *lp, unsigned int n)
 {
+	struct sigaction sa = {.sa_handler = wake_handler}; /* no SA_RESTART */
 	sigset_t all, old;
 
-	lp->threads = calloc(n, sizeof(*lp->threads));
-	if (!lp->threads)
+	lp->workers = calloc(n, sizeof(*lp->workers));
+	if (!lp->workers)
 		return -ENOMEM;
 	sem_init(&lp->done, 0, 0);
-	/* signals go to the main thread, which ends the session */
+	sigaction(LOOP_WAKE_SIGNAL, &sa, NULL);
+	/* other signals go to the main thread, which stops the loop */
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
-	for (lp->n = 0; lp->n < n; lp->n++)
-		if (pthread_create(&lp->threads[lp->n], NULL, worker_main, lp))
+	for (lp->n = 0; lp->n < n; lp->n++) {
+		struct loop_worker *w = &lp->workers[lp->n];
+
+		w->lp = lp;
+		atomic_init(&w->receiving, false);
+		atomic_init(&w->alive, true);
+		if (pthread_create(&w->thread, NULL, worker_main, w))
 			break;
+	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return lp->n ? 0 : -EAGAIN;
 }
 
+/* Stop taking requests; wait until every worker has replied and left. */
+/* Wait up to ms for a worker to leave: true if one did. */
+static bool worker_left(struct loop *lp, long ms)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += ms / 1000;
+	until.tv_nsec += ms % 1000 * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	return sem_timedwait(&lp->done, &until) == 0;
+}
+
+static void loop_stop(struct loop *lp)
+{
+	int fd = fuse_session_fd(lp->se);
+	unsigned int left = lp->n;
+
+	clock_gettime(CLOCK_MONOTONIC, &lp->drain_end);
+	lp->drain_end.tv_sec += LOOP_DRAIN_MS / 1000;
+	lp->drain_end.tv_nsec += LOOP_DRAIN_MS % 1000 * 1000000L;
+	if (lp->drain_end.tv_nsec >= 1000000000L) {
+		lp->drain_end.tv_sec++;
+		lp->drain_end.tv_nsec -= 1000000000L;
+	}
+	/* serve what is queued, and no longer wait for more */
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	atomic_store(&lp->stopping, true);
+	while (left) {
+		for (unsigned int i = 0; i < lp->n; i++)
+			if (atomic_load(&lp->workers[i].alive) &&
+			    atomic_load(&lp->workers[i].receiving))
+				pthread_kill(lp->workers[i].thread,
+					     LOOP_WAKE_SIGNAL);
+		while (left && worker_left(lp, LOOP_WAKE_MS))
+			left--;
+	}
+	for (unsigned int i = 0; i < lp->n; i++)
+		pthread_join(lp->workers[i].thread, NULL);
+}
+
+/* Serve until a signal or the kernel ends the session, then stop. */
 static void loop_wait(struct loop *lp)
 {
-	while (!fuse_session_exited(lp->se))
-		if (sem_wait(&lp->done) == 0)
-			break;
-	/* unmounting ends every worker's receive with ENODEV */
+	unsigned int left = lp->n;
+
+	/* a signal sets exited, and may land just before the wait: recheck */
+	while (!fuse_session_exited(lp->se) && left)
+		if (worker_left(lp, 200))
+			left--;
+	/* the workers that left already posted: count them again in stop */
+	for (unsigned int i = 0; i < lp->n - left; i++)
+		sem_post(&lp->done);
+	loop_stop(lp);
+	/* detach the mount; closing /dev/fuse later aborts what is queued */
 	fuse_session_unmount(lp->se);
-	for (unsigned int i = 0; i < lp->n; i++)
-		pthread_join(lp->threads[i], NULL);
-	free(lp->threads);
+	free(lp->workers);
 	sem_destroy(&lp->done);
 }
 
@@ -406,6 +531,7 @@ int main(int argc, char **argv)
 	}
 	if (check_args(&d))
 		goto out;
+	zlog_init(d.opt.foreground);
 	raise_fd_limit();
 	backing_faults_from_env();
 	/* folio buffers come and go: give big ones back to the system */

@@ -440,6 +440,8 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	ra_request_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
 			(uint64_t)off, size,
 			!(fi->flags & READ_LOCKOWNER) && !fi->lock_owner);
+	/* with cache=kernel every read is a page-cache fill */
+	w->rq.rq.fill = w->rq.rq.fault || ds->opt->cache == CACHE_KERNEL;
 	cache_read(&w->rq.rq, reply_iov, req);
 }
 

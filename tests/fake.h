@@ -6,7 +6,9 @@
 #ifndef ZF_TESTS_FAKE_H
 #define ZF_TESTS_FAKE_H
 
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../cache/internal.h"
 #include "../readahead/internal.h"
@@ -36,11 +38,26 @@ static inline void fill_pattern(struct mapping *m, unsigned long index, void *bu
 		((unsigned char *)buf)[i] = pattern(pos + i);
 }
 
+/* The folio whose fills fail (-EBADMSG, a damaged frame), or -1. */
+static long fake_bad_index = -1;
+/* While set, fills of fake_slow_index wait for it to be cleared. */
+static atomic_bool fake_hold;
+static long fake_slow_index = -1;
+static atomic_int fake_held; /* fills waiting on fake_hold now */
+
 static inline int fake_fill(struct fill_batch *b, unsigned int i)
 {
 	struct folio *f = b->folios[i];
 
 	atomic_fetch_add(&fills, 1);
+	if ((long)f->index == fake_bad_index)
+		return -EBADMSG;
+	if ((long)f->index == fake_slow_index) {
+		atomic_fetch_add(&fake_held, 1);
+		while (atomic_load(&fake_hold))
+			usleep(1000);
+		atomic_fetch_sub(&fake_held, 1);
+	}
 	fill_pattern(b->mapping, f->index, f->data);
 	return 0;
 }
@@ -54,6 +71,8 @@ static inline int fake_read_into(struct mapping *m, void *ctx, unsigned long ind
 			  void *buf)
 {
 	(void)ctx;
+	if ((long)index == fake_bad_index)
+		return -EBADMSG;
 	fill_pattern(m, index, buf);
 	return 0;
 }

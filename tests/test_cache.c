@@ -337,12 +337,130 @@ static void test_lockless_stress(void)
 	cache_destroy(&c);
 }
 
+/*
+ * A page-cache fill that runs into a damaged folio gets the error, never
+ * the bytes before it: the kernel would take a short fill for the end of
+ * the file.  A read() gets the bytes before the damage, then EIO.
+ */
+static void test_fill_never_short(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct sink s = {.buf = malloc(1 << 20)};
+
+	cache_thread_register();
+	setup(&c, 64 * 32, true);
+	m = fake_mapping(&c, 8 * FOLIO);
+	fake_bad_index = 3;
+	CHECK_EQ(read_req_at(m, NULL, &c.budget.root, 2 * FOLIO, 2 * FOLIO,
+			     false, &s), 0);
+	CHECK_EQ(s.len, FOLIO); /* read(): folio 2, then short */
+	CHECK(bytes_ok(&s, 2 * FOLIO));
+	ra_request_init(rq, m, NULL, &c.budget.root, NULL, 2 * FOLIO,
+			2 * FOLIO, false);
+	rq->rq.fill = true;
+	cache_read(&rq->rq, sink_reply, &s);
+	cache_quiescent();
+	CHECK_EQ(s.err, -EIO); /* a fill: all or an error */
+	CHECK_EQ(s.len, 0);
+	fake_bad_index = -1;
+	mapping_put(m);
+	cache_thread_unregister();
+	cache_destroy(&c);
+	free(s.buf);
+	read_at_done();
+}
+
+struct long_fill {
+	struct cache *c;
+	struct mapping *m;
+	atomic_bool done, reclaimed;
+};
+
+static void *reclaim_hot(void *arg)
+{
+	struct long_fill *lf = arg;
+
+	cache_thread_register();
+	cache_thread_offline();
+	CHECK_EQ(reclaim_proactive(&lf->c->budget.root, 32), 0);
+	cache_thread_online();
+	atomic_store(&lf->reclaimed, true);
+	cache_thread_unregister();
+	return NULL;
+}
+
+static void *long_fill_reader(void *arg)
+{
+	struct long_fill *lf = arg;
+	struct sink s = {.buf = malloc(1 << 20)};
+
+	cache_thread_register();
+	CHECK_EQ(read_at(lf->m, NULL, &lf->c->budget.root, 5 * FOLIO, 100, &s),
+		 0);
+	CHECK(bytes_ok(&s, 5 * FOLIO));
+	atomic_store(&lf->done, true);
+	cache_thread_unregister();
+	free(s.buf);
+	read_at_done();
+	return NULL;
+}
+
+/*
+ * A fill that takes long (a frame streamed from its start, a slow disk)
+ * holds up no grace period: a charge that needs one (it must expedite the
+ * hot folios' deferred data) completes while the fill still runs.
+ */
+static void test_long_fill_no_gp_stall(void)
+{
+	struct long_fill lf = {0};
+	struct sink s = {.buf = malloc(1 << 20)};
+	struct cache c;
+	pthread_t t, r;
+
+	lf.c = &c;
+	cache_thread_register();
+	setup(&c, 4 * 32, true);
+	lf.m = fake_mapping(&c, 16 * FOLIO);
+	for (int i = 0; i < 4; i++) /* folio 0 hot */
+		CHECK_EQ(read_at(lf.m, NULL, &c.budget.root, 100, 16, &s), 0);
+	CHECK(folio_test(folio_lookup(lf.m, 0), FOLIO_HOT));
+	fake_slow_index = 5;
+	atomic_store(&fake_hold, true);
+	cache_thread_offline(); /* while it waits, as a worker between requests */
+	pthread_create(&t, NULL, long_fill_reader, &lf);
+	while (!atomic_load(&fake_held))
+		usleep(1000);
+	/* evict the hot folio: its data waits for a grace period, which
+	 * reclaim waits for (from another thread: the test must not hang) */
+	pthread_create(&r, NULL, reclaim_hot, &lf);
+	for (int ms = 0; ms < 10000 && !atomic_load(&lf.reclaimed); ms++)
+		usleep(1000);
+	/* the fill is still held, yet the grace period has passed */
+	CHECK(atomic_load(&lf.reclaimed));
+	CHECK(!atomic_load(&lf.done));
+	atomic_store(&fake_hold, false);
+	pthread_join(t, NULL);
+	pthread_join(r, NULL);
+	cache_thread_online();
+	CHECK_EQ(stat_read(&c.budget.root, STAT_DEFERRED_FREE), 0);
+	CHECK(atomic_load(&lf.done));
+	fake_slow_index = -1;
+	mapping_put(lf.m);
+	cache_thread_unregister();
+	cache_destroy(&c);
+	free(s.buf);
+	read_at_done();
+}
+
 int main(void)
 {
 	RUN(test_sequential);
 	RUN(test_storm);
 	RUN(test_bounce);
 	RUN(test_lru_promotion);
+	RUN(test_fill_never_short);
+	RUN(test_long_fill_no_gp_stall);
 	RUN(test_hot_lockless);
 	RUN(test_lockless_stress);
 	read_at_done();

@@ -243,7 +243,8 @@ def test_foreign():
                                      capture_output=True, check=True).stdout)
         with open(ds + "/plain.txt", "wb") as f:
             f.write(parts[0])
-        with Mount(ds, mnt, "budget=2M") as m:
+        # 8M: the piped frame streams through a 2 MiB window, charged too
+        with Mount(ds, mnt, "budget=8M") as m:
             check(sorted(os.listdir(mnt)) == ["multi", "piped", "plain.txt"], "names")
             for name, data in (("multi", whole), ("piped", parts[2]), ("plain.txt", parts[0])):
                 check(os.stat(mnt + "/" + name).st_size == len(data), "size of " + name)
@@ -251,6 +252,7 @@ def test_foreign():
                 with open(mnt + "/" + name, "rb") as f:
                     check(f.read() == data, "content of " + name)
             check(m.stat()["single_frame_warnings"] >= 1, "the unsized frame is counted")
+            check(m.stat()["decoder_windows"] > 0, "the decoder window is charged")
         with Mount(ds + "/multi.zst", mnt, "budget=8M"):
             check(os.listdir(mnt) == ["multi"], "single file mount: " + str(os.listdir(mnt)))
             with open(mnt + "/multi", "rb") as f:

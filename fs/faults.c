@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A test hook: ZFOLIO_TEST_FAULT=MODE:N makes every Nth event of a kind go
+ * wrong, so that the mount tests reach the error paths on the real read
+ * path (io_uring included):
+ *   eio:N           a backing read of file data fails with EIO
+ *   short:N         a backing read returns half of what it asked for
+ *   uring_submit:N  io_uring_submit() refuses with EAGAIN (retried)
+ *   uring_wait:N    io_uring_wait_cqe() fails with EIO (the ring breaks)
+ *   slow:N          every backing read of file data takes N ms longer
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+enum fault_mode {
+	FAULT_NONE,
+	FAULT_EIO,
+	FAULT_SHORT,
+	FAULT_URING_SUBMIT,
+	FAULT_URING_WAIT,
+	FAULT_SLOW,
+};
+
+static const char *const fault_names[] = {
+	[FAULT_EIO] = "eio",
+	[FAULT_SHORT] = "short",
+	[FAULT_URING_SUBMIT] = "uring_submit",
+	[FAULT_URING_WAIT] = "uring_wait",
+	[FAULT_SLOW] = "slow",
+};
+
+static enum fault_mode fault_mode;
+static unsigned int fault_every;
+static atomic_uint fault_count;
+
+void backing_faults_from_env(void)
+{
+	const char *s = getenv("ZFOLIO_TEST_FAULT");
+	size_t len = s ? strcspn(s, ":") : 0;
+	unsigned int n;
+
+	if (!s || s[len] != ':' || sscanf(s + len + 1, "%u", &n) != 1 || !n)
+		return;
+	for (int m = FAULT_EIO; m <= FAULT_SLOW; m++)
+		if (strlen(fault_names[m]) == len &&
+		    strncmp(s, fault_names[m], len) == 0) {
+			fault_mode = (enum fault_mode)m;
+			fault_every = n;
+			fprintf(stderr, "zfolio: test hook: %s\n", s);
+		}
+}
+
+/* This is the Nth event of the hook's kind. */
+static bool fault_due(enum fault_mode mode)
+{
+	return fault_mode == mode &&
+	       (atomic_fetch_add(&fault_count, 1) + 1) % fault_every == 0;
+}
+
+/* What a backing read of len bytes that got res returns under the hook. */
+long fault_apply(long res, uint64_t len)
+{
+	if (res <= 0)
+		return res;
+	if (fault_mode == FAULT_SLOW) {
+		struct timespec ts = {fault_every / 1000,
+				      (long)(fault_every % 1000) * 1000000};
+
+		nanosleep(&ts, NULL);
+		return res;
+	}
+	if (fault_due(FAULT_EIO))
+		return -EIO;
+	if (fault_due(FAULT_SHORT))
+		return len / 2 ? (long)(len / 2) : res;
+	return res;
+}
+
+int fault_uring_submit(void)
+{
+	return fault_due(FAULT_URING_SUBMIT) ? -EAGAIN : 0;
+}
+
+int fault_uring_wait(void)
+{
+	return fault_due(FAULT_URING_WAIT) ? -EIO : 0;
+}

@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Messages about the dataset: why a file reads as EIO.  In the foreground
+ * they go to stderr; a daemonized mount sends them to syslog (the
+ * journal), where users look.  Each (file, reason) is said once, however
+ * often the file is opened, and no more than LOG_BURST messages go out per
+ * LOG_PERIOD seconds: a tree of a million damaged files must not flood the
+ * journal; what is held back is counted in the next message.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <syslog.h>
+#include <time.h>
+
+#include "internal.h"
+
+/* messages per period: more tells more, and floods the journal sooner */
+#define LOG_BURST 20
+#define LOG_PERIOD 10
+/* (file, reason) pairs remembered: past it, old pairs may be said again */
+#define LOG_SEEN_BITS 12
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool log_to_syslog;
+static uint64_t seen[1u << LOG_SEEN_BITS];
+static time_t period_start;
+static unsigned int period_count, held_back;
+
+void zlog_init(bool foreground)
+{
+	log_to_syslog = !foreground;
+	if (log_to_syslog)
+		openlog("zfolio", LOG_PID, LOG_DAEMON);
+}
+
+static uint64_t hash_str(uint64_t h, const char *s)
+{
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+	return h;
+}
+
+/* Said before?  Remembers it if not. */
+static bool said_before(const char *what, const char *msg)
+{
+	uint64_t h = hash_str(hash_str(0xcbf29ce484222325ull, what), msg);
+	uint64_t *slot = &seen[h >> (64 - LOG_SEEN_BITS)];
+
+	h |= 1; /* 0 marks an empty slot */
+	if (*slot == h)
+		return true;
+	*slot = h;
+	return false;
+}
+
+/* Within the rate limit?  Counts what is held back. */
+static bool may_say(void)
+{
+	time_t now = time(NULL);
+
+	if (now - period_start >= LOG_PERIOD) {
+		period_start = now;
+		period_count = 0;
+	}
+	if (period_count >= LOG_BURST) {
+		held_back++;
+		return false;
+	}
+	period_count++;
+	return true;
+}
+
+static void say(const char *line)
+{
+	if (log_to_syslog)
+		syslog(LOG_WARNING, "%s", line);
+	else
+		fprintf(stderr, "zfolio: %s\n", line);
+}
+
+void zlog_file(const char *what, const char *fmt, ...)
+{
+	char msg[512], line[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	pthread_mutex_lock(&log_lock);
+	if (!said_before(what, msg) && may_say()) {
+		if (held_back)
+			snprintf(line, sizeof(line),
+				 "%s: %s (and %u messages held back)", what,
+				 msg, held_back);
+		else
+			snprintf(line, sizeof(line), "%s: %s", what, msg);
+		held_back = 0;
+		say(line);
+	}
+	pthread_mutex_unlock(&log_lock);
+}
