@@ -41,7 +41,7 @@
 #ifdef ZF_TSAN
 void __tsan_acquire(void *addr);
 void __tsan_release(void *addr);
-static char gp_token;
+static char gp_token, barrier_token;
 static inline void tsan_qs(void)
 {
 	__tsan_release(&gp_token);
@@ -50,11 +50,26 @@ static inline void tsan_gp(void)
 {
 	__tsan_acquire(&gp_token);
 }
+/* a deferred free is done: what rcu_barrier() waits for */
+static inline void tsan_freed(void)
+{
+	__tsan_release(&barrier_token);
+}
+static inline void tsan_barrier(void)
+{
+	__tsan_acquire(&barrier_token);
+}
 #else
 static inline void tsan_qs(void)
 {
 }
 static inline void tsan_gp(void)
+{
+}
+static inline void tsan_freed(void)
+{
+}
+static inline void tsan_barrier(void)
 {
 }
 #endif
@@ -123,6 +138,7 @@ static void folio_free_rcu(struct rcu_head *head)
 		atomic_fetch_sub(&c->deferred_pages, (long)f->nr_pages);
 	}
 	free(f);
+	tsan_freed();
 }
 
 unsigned long cache_deferred_pages(void *cache)
@@ -148,6 +164,7 @@ unsigned long cache_expedite(void *cache)
 		return 0;
 	tsan_qs(); /* rcu_barrier() takes this thread offline while it waits */
 	rcu_barrier();
+	tsan_barrier();
 	after = cache_deferred_pages(cache);
 	return before > after ? before - after : 0;
 }
@@ -157,6 +174,7 @@ void cache_barrier(void)
 {
 	tsan_qs();
 	rcu_barrier();
+	tsan_barrier();
 }
 
 /*

@@ -88,7 +88,7 @@ int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 void zseek_index_free(struct zseek_index *idx);
 uint64_t zseek_max_content(uint64_t c_size);
 int zseek_content_size(zseek_read_fn rd, void *ctx, uint64_t file_size,
-		       uint64_t *size);
+		       uint64_t *size, char *err, size_t errlen);
 uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos);
 ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off);
 
@@ -125,5 +125,55 @@ int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,
 int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 		      const struct zseek_index *idx, uint32_t frame,
 		      uint64_t off_in_frame, void *dst, size_t len);
+
+/*
+ * manifest.c: the dataset's tree, one line per entry (see the file's
+ * header).  A dataset made by mkzfolio has manifest.zst at its root and
+ * its file data in data/NNNNNNNN.zst: big files one each, small ones
+ * packed together, each within one frame.
+ */
+#define ZMF_NAME "manifest.zst"
+#define ZMF_DATA_DIR "data"
+#define ZMF_MAGIC "zfolio-manifest"
+#define ZMF_VERSION 1
+/* entry lines per frame: more compress better, fewer decode less per
+ * lookup */
+#define ZMF_FRAME_ENTRIES 256
+
+enum zmf_field {
+	ZMF_PARENT, /* the directory's path, "" at the root */
+	ZMF_NAME_F, /* the entry's name */
+	ZMF_TYPE,   /* f d l c b p s */
+	ZMF_MODE,   /* permission bits, octal */
+	ZMF_UID,
+	ZMF_GID,
+	ZMF_SIZE,   /* bytes served */
+	ZMF_MTIME,  /* seconds.nanoseconds */
+	ZMF_ATIME,
+	ZMF_INO,    /* the inode number served */
+	ZMF_NLINK,
+	ZMF_RDEV,   /* devices: makedev() value, else 0 */
+	ZMF_DATA,   /* regular files: "ID:OFFSET" in data/ID.zst, or "-" */
+	ZMF_TARGET, /* symlinks: the target, else empty */
+	ZMF_NR_FIELDS
+};
+
+/* One line's fields, pointing into the line, escaped as stored. */
+struct zmf_line {
+	const char *f[ZMF_NR_FIELDS];
+	size_t len[ZMF_NR_FIELDS];
+};
+
+const char *zmf_field_name(enum zmf_field f);
+size_t zmf_escape(const char *s, size_t len, char *out);
+ssize_t zmf_unescape(const char *s, size_t len, char *out);
+int zmf_split(const char *line, size_t len, struct zmf_line *out);
+int zmf_number(const struct zmf_line *l, enum zmf_field f, uint64_t *v);
+int zmf_time(const struct zmf_line *l, enum zmf_field f, int64_t *sec,
+	     long *nsec);
+int zmf_data(const struct zmf_line *l, uint64_t *id, uint64_t *off);
+int zmf_path_cmp(const char *a, size_t na, const char *b, size_t nb);
+int zmf_key_cmp(const char *pa, size_t npa, const char *na, size_t nna,
+		const char *pb, size_t npb, const char *nb, size_t nnb);
 
 #endif

@@ -695,24 +695,20 @@ bad:
 }
 
 /*
- * The content size of a .zst file without keeping its index: exact with a
- * seek table or sized frame headers; a frame whose header has no size
- * counts its compressed bytes (finding its size would mean decoding it).
+ * The content size of a .zst file without keeping its index: one read of
+ * the seek table, or a walk of the frame headers; frames whose header has
+ * no size are measured by decoding them (as zseek_index_build does), so
+ * the size is exact and never changes once the file is indexed.
  */
 int zseek_content_size(zseek_read_fn rd, void *ctx, uint64_t file_size,
-		       uint64_t *size)
+		       uint64_t *size, char *err, size_t errlen)
 {
-	struct zseek_index idx = {0};
-	int r = zseek_parse_seek_table(rd, ctx, file_size, &idx, NULL, 0);
+	struct zseek_index idx;
+	int r = zseek_index_build(rd, ctx, file_size, true, &idx, err, errlen);
 
-	if (r == -ENOENT)
-		r = zseek_walk_frames(rd, ctx, file_size, &idx, NULL, 0);
 	if (r)
 		return r;
-	*size = 0;
-	for (uint32_t i = 0; i < idx.nframes; i++)
-		*size += idx.frames[i].sized ? idx.frames[i].d_size
-					     : idx.frames[i].c_size;
+	*size = idx.content_size;
 	zseek_index_free(&idx);
 	return 0;
 }

@@ -145,6 +145,7 @@ struct batch_io {
 	bool *dontcache;   /* per run: it was asked uncached */
 	unsigned int nruns;
 	struct ring *ring; /* NULL: the reads were done by pread */
+	bool fd_held;      /* zfile_fd_get() succeeded: put at finish */
 };
 
 static ssize_t fd_read(struct zfile *f, void *buf, size_t len, uint64_t off)
@@ -278,8 +279,11 @@ static int zfile_submit(struct fill_batch *b)
 	size_t total = 0, pos = 0;
 	int err = batch_alloc(b, &io);
 
+	if (!err)
+		err = zfile_fd_get(f);
 	if (err)
 		return err;
+	io->fd_held = true;
 	if (f->idx.kind == ZSEEK_RAW)
 		return submit_raw(b, f, io);
 	for (unsigned int i = 0; i < b->nr; i++)
@@ -467,6 +471,30 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 				  fo->data);
 }
 
+/*
+ * Buffers of reads that failed with their ring: the kernel may still write
+ * them, so they are never freed.  They stay listed (reachable) here.
+ */
+static struct orphan {
+	struct orphan *next;
+	void *buf, *runs;
+} *orphans;
+static pthread_mutex_t orphans_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void keep_orphaned(void *buf, void *runs)
+{
+	struct orphan *o = malloc(sizeof(*o));
+
+	if (!o)
+		return; /* then it is merely unreachable: still never freed */
+	o->buf = buf;
+	o->runs = runs;
+	pthread_mutex_lock(&orphans_lock);
+	o->next = orphans;
+	orphans = o;
+	pthread_mutex_unlock(&orphans_lock);
+}
+
 static void zfile_finish(struct fill_batch *b)
 {
 	struct batch_io *io = b->fs_priv;
@@ -480,22 +508,26 @@ static void zfile_finish(struct fill_batch *b)
 			ring_wait(io->ring, &io->runs[k]);
 		orphaned |= io->runs[k].orphaned || !io->runs[k].done;
 	}
-	if (!orphaned) /* else the kernel may still write it: keep it */
+	if (orphaned) { /* the kernel may still write them: keep them */
+		keep_orphaned(io->buf, io->runs);
+	} else {
 		free(io->buf);
+		free(io->runs);
+	}
 	free(io->off);
 	free(io->run);
 	free(io->err);
-	if (!orphaned)
-		free(io->runs);
 	free(io->dontcache);
+	if (io->fd_held)
+		zfile_fd_put(b->mapping->host);
 	free(io);
 	b->fs_priv = NULL;
 }
 
-static int zfile_read_into(struct mapping *m, void *io_ctx,
-			   unsigned long index, void *buf)
+/* One folio's content into buf, its file's fd held. */
+static int read_one_folio(struct zfile *f, struct mapping *m, void *io_ctx,
+			  unsigned long index, void *buf)
 {
-	struct zfile *f = m->host;
 	uint32_t len = mapping_folio_len(m, index);
 	const struct zseek_frame *fr;
 	ZSTD_DCtx *dctx;
@@ -526,6 +558,19 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
 	return r;
 }
 
+static int zfile_read_into(struct mapping *m, void *io_ctx,
+			   unsigned long index, void *buf)
+{
+	struct zfile *f = m->host;
+	int r = zfile_fd_get(f);
+
+	if (r)
+		return r;
+	r = read_one_folio(f, m, io_ctx, index, buf);
+	zfile_fd_put(f);
+	return r;
+}
+
 /* The mapping's last reference: the zfile goes with it. */
 static void zfile_release(struct mapping *m)
 {
@@ -540,7 +585,7 @@ static void zfile_release(struct mapping *m)
 	free(f->starts);
 	free(f->slot_frame);
 	free(f->slot_skip);
-	close(f->fd);
+	zfile_fd_release(f);
 	free(f->path);
 	free(f);
 }

@@ -306,10 +306,12 @@ int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
 		close(fd);
 		return -ENOMEM;
 	}
+	f->ds = ds;
 	f->fd = fd;
 	f->decode = decode;
 	f->pool = &ds->streams;
 	CDS_INIT_LIST_HEAD(&f->stream_link);
+	CDS_INIT_LIST_HEAD(&f->fd_link);
 	atomic_init(&f->dontcache, ds->opt->backing_cache == BACKING_DROP);
 	r = zfile_index(f);
 	if (!r) {
@@ -326,6 +328,7 @@ int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
 		return r;
 	}
 	pthread_mutex_init(&f->stream_lock, NULL);
+	zfile_fd_add(f);
 	if (f->idx.nunsized) /* counted once per file: a slow file */
 		stat_mod(&ds->cache.budget.root, STAT_SLOW_FRAMES,
 			 f->idx.nunsized);
@@ -383,9 +386,35 @@ int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 	return r;
 }
 
+/*
+ * A decoded file's size for stat, st its backing lstat: from its open
+ * index if it has one, else found without opening it for long and
+ * remembered until the backing file changes.  A file that does not index
+ * keeps its size on disk (reading it is EIO).
+ */
+static void znode_size(struct dataset *ds, struct znode *n, struct stat *st)
+{
+	uint64_t size;
+
+	pthread_mutex_lock(&n->lock);
+	if (n->file && same_backing(st, &n->file->st)) {
+		st->st_size = (off_t)n->file->idx.content_size;
+	} else if (n->size_st.st_ino && same_backing(st, &n->size_st)) {
+		st->st_size = (off_t)n->size;
+	} else if (!(n->bad_err && same_backing(st, &n->bad_st)) &&
+		   backing_decoded_size(ds, n->path, st, &size) == 0) {
+		n->size = size;
+		n->size_st = *st;
+		st->st_size = (off_t)size;
+	} else {
+		n->bad_err = -EIO;
+		n->bad_st = *st;
+	}
+	pthread_mutex_unlock(&n->lock);
+}
+
 int znode_stat(struct dataset *ds, struct znode *n, struct stat *st)
 {
-	struct zfile *f;
 	int r;
 
 	if (n->kind == ZN_CTL_DIR || n->kind == ZN_CTL_FILE) {
@@ -404,13 +433,9 @@ int znode_stat(struct dataset *ds, struct znode *n, struct stat *st)
 	r = backing_lstat(ds, n->path, st);
 	if (r)
 		return r;
-	if (n->kind == ZN_FILE && n->decode) {
-		/* decoded: the size is the content's; blocks stay on disk */
-		if (znode_file(ds, n, true, &f) == 0) {
-			st->st_size = (off_t)f->idx.content_size;
-			zfile_put(f);
-		}
-	}
+	/* decoded: the size is the content's; blocks stay on disk */
+	if (n->kind == ZN_FILE && n->decode)
+		znode_size(ds, n, st);
 	st->st_blksize = ZSEEK_DEFAULT_FRAME;
 	return 0;
 }

@@ -35,6 +35,7 @@ struct options {
 	uint64_t group_max;
 	uint64_t group_high;
 	unsigned int threads;
+	unsigned int max_open;
 	unsigned int ra_kb;
 	unsigned int kernel_ra_kb; /* OPT_UINT_AUTO: 4 with cache=engine */
 	enum readaround_mode readaround;
@@ -85,8 +86,12 @@ enum znode_kind {
  * file gets a new one; handles opened on the old one keep it alive.
  */
 struct zfile {
+	struct dataset *ds;
+	char *path;            /* the backing path, relative to the root */
+	/* the fd, -1 while closed; fd_users and fd_link under ds->fds.lock */
 	int fd;
-	char *path;            /* for messages: the backing path */
+	unsigned int fd_users;
+	struct cds_list_head fd_link; /* on ds->fds.lru while idle */
 	atomic_bool dontcache; /* backing reads with RWF_DONTCACHE */
 	struct zseek_index idx;
 	bool decode;
@@ -126,6 +131,8 @@ struct znode {
 	struct zfile *file; /* current, indexed at the first getattr or open */
 	int bad_err;        /* the index failed: this, while unchanged */
 	struct stat bad_st; /* the backing file it failed on */
+	uint64_t size;      /* decoded size, while size_st is the backing */
+	struct stat size_st;
 	/* control files */
 	struct group *group;
 	int ctl_id;
@@ -147,9 +154,17 @@ struct stream_pool {
 	struct cds_list_head lru;
 };
 
+/* Backing fds, bounded: see fdcache.c. */
+struct fd_cache {
+	pthread_mutex_t lock;
+	struct cds_list_head lru; /* idle fds, least recently used first */
+	unsigned int open, max;
+};
+
 struct dataset {
 	struct options *opt;
 	struct stream_pool streams;
+	struct fd_cache fds;
 	int rootfd;              /* the dataset directory, or the file's dir */
 	char *single;            /* when mounting one file: its backing name */
 	struct stat root_st;
@@ -226,8 +241,17 @@ void dataset_list_free(struct dir_entry *e, size_t n);
 int dataset_readlink(struct dataset *ds, struct znode *n, char *buf,
 		     size_t len);
 
-/* usage.c: what df shows */
+/* fdcache.c: backing fds, bounded */
+void fd_cache_init(struct fd_cache *c, unsigned int max_open);
+int zfile_fd_get(struct zfile *f);
+void zfile_fd_put(struct zfile *f);
+void zfile_fd_add(struct zfile *f);
+void zfile_fd_release(struct zfile *f);
+
+/* usage.c: what df shows, and the decoded size of one file */
 int dataset_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries);
+int backing_decoded_size(struct dataset *ds, const char *path,
+			 const struct stat *st, uint64_t *size);
 
 /* inode.c: the inode table and each file's backing state */
 int inodes_init(struct dataset *ds);

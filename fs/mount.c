@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <dirent.h>
 #include <malloc.h>
+#include <poll.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stddef.h>
@@ -166,6 +167,8 @@ static int check_mountpoint(const char *mp)
 #define LOOP_WAKE_MS 20
 /* the most a stop serves what is queued, in ms */
 #define LOOP_DRAIN_MS 2000
+/* how long the queue must stay empty for a stopping worker to leave */
+#define LOOP_QUIET_MS 50
 
 struct loop_worker {
 	pthread_t thread;
@@ -189,6 +192,29 @@ static void wake_handler(int sig)
 	(void)sig;
 }
 
+/*
+ * SIGTERM, SIGINT, SIGHUP: stop.  Not libfuse's handlers: those mark the
+ * session exited, and an exited session drops every request it reads, so
+ * what is queued could not be served.
+ */
+static volatile sig_atomic_t stop_signal;
+
+static void stop_handler(int sig)
+{
+	stop_signal = sig;
+}
+
+static int stop_signals_install(void)
+{
+	struct sigaction sa = {.sa_handler = stop_handler}; /* no SA_RESTART */
+	struct sigaction ign = {.sa_handler = SIG_IGN};
+
+	if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL) ||
+	    sigaction(SIGHUP, &sa, NULL) || sigaction(SIGPIPE, &ign, NULL))
+		return -errno;
+	return 0;
+}
+
 static bool drain_over(struct loop *lp)
 {
 	struct timespec now;
@@ -197,6 +223,18 @@ static bool drain_over(struct loop *lp)
 	return now.tv_sec > lp->drain_end.tv_sec ||
 	       (now.tv_sec == lp->drain_end.tv_sec &&
 		now.tv_nsec >= lp->drain_end.tv_nsec);
+}
+
+/*
+ * While stopping, the queue is empty: does a request come within
+ * LOOP_QUIET_MS?  A read a reader started just before the stop may reach
+ * the queue a moment later.
+ */
+static bool request_soon(struct loop *lp)
+{
+	struct pollfd p = {.fd = fuse_session_fd(lp->se), .events = POLLIN};
+
+	return poll(&p, 1, LOOP_QUIET_MS) != 0; /* ready, or EINTR: look */
 }
 
 /* Receive and serve requests until the loop stops and the queue is empty. */
@@ -219,8 +257,9 @@ static void worker_serve(struct loop_worker *me, struct fuse_buf *buf)
 		atomic_store(&me->receiving, false);
 		if (r == -EINTR)
 			continue;
-		if (r == -EAGAIN && atomic_load(&lp->stopping))
-			break; /* queue empty while stopping */
+		if (r == -EAGAIN && atomic_load(&lp->stopping) &&
+		    !request_soon(lp))
+			break; /* the queue stayed empty: done */
 		if (r == -EAGAIN)
 			continue;
 		if (r <= 0) {
@@ -331,13 +370,13 @@ static void loop_stop(struct loop *lp)
 		pthread_join(lp->workers[i].thread, NULL);
 }
 
-/* Serve until a signal or the kernel ends the session, then stop. */
+/* Serve until a stop signal or the kernel ends the session, then stop. */
 static void loop_wait(struct loop *lp)
 {
 	unsigned int left = lp->n;
 
 	/* a signal sets exited, and may land just before the wait: recheck */
-	while (!fuse_session_exited(lp->se) && left)
+	while (!stop_signal && !fuse_session_exited(lp->se) && left)
 		if (worker_left(lp, 200))
 			left--;
 	/* the workers that left already posted: count them again in stop */
@@ -466,7 +505,7 @@ static int mount_session(struct daemon *d)
 	if (!d->se)
 		return -1;
 	d->ds.se = d->se;
-	if (fuse_set_signal_handlers(d->se))
+	if (stop_signals_install())
 		return -1;
 	if (fuse_session_mount(d->se, d->fopts.mountpoint)) {
 		fprintf(stderr, "%s: cannot mount on %s\n", progname,
@@ -498,10 +537,8 @@ static int serve(struct daemon *d)
 
 static void daemon_free(struct daemon *d)
 {
-	if (d->se) {
-		fuse_remove_signal_handlers(d->se);
+	if (d->se)
 		fuse_session_destroy(d->se);
-	}
 	if (d->ds_open)
 		dataset_close(&d->ds);
 	free(d->fopts.mountpoint);

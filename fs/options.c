@@ -33,6 +33,9 @@ const struct opt_desc opt_table[] = {
 	 1ull << 42},
 	{"threads", OPT_UINT, OFF(threads), "0",
 	 "worker threads (0: twice the cores)", NULL, 0, 256},
+	{"max_open", OPT_UINT, OFF(max_open), "0",
+	 "backing files kept open at once, least recently used closed first "
+	 "(0: half the open-file limit)", NULL, 0, 1u << 24},
 	{"cache", OPT_ENUM, OFF(cache), "engine",
 	 "engine: zfolio's cache is the only cache of file data (direct_io), "
 	 "inside the budget; kernel: the kernel page cache sits in front, "

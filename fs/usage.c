@@ -19,23 +19,41 @@ struct usage {
 	uint64_t bytes, entries;
 };
 
+/*
+ * The decoded size of the .zst at path, whose lstat is st, without keeping
+ * it open or indexed: one read of its seek table, or a walk of its frame
+ * headers (RCU-offline: it reads).  A file that does not index is logged
+ * and -EIO.
+ */
+int backing_decoded_size(struct dataset *ds, const char *path,
+			 const struct stat *st, uint64_t *size)
+{
+	char err[256] = "";
+	int fd = dataset_open_backing(ds, path, O_RDONLY);
+	int r;
+
+	if (fd < 0)
+		return fd;
+	cache_thread_offline();
+	r = zseek_content_size(zseek_pread_fd, &fd, (uint64_t)st->st_size, size,
+			       err, sizeof(err));
+	cache_thread_online();
+	close(fd);
+	if (r)
+		zlog_file(path, "%s", err[0] ? err : strerror(-r));
+	return r ? -EIO : 0;
+}
+
 /* The served size of a regular file: decoded for a .zst served so. */
 static uint64_t file_bytes(struct dataset *ds, const char *path, bool decode)
 {
 	struct stat st;
 	uint64_t size;
-	int fd = dataset_open_backing(ds, path, O_RDONLY);
 
-	if (fd < 0)
+	if (backing_lstat(ds, path, &st) || !S_ISREG(st.st_mode))
 		return 0;
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return 0;
-	}
-	size = (uint64_t)st.st_size;
-	if (decode && zseek_content_size(zseek_pread_fd, &fd, size, &size))
-		size = (uint64_t)st.st_size; /* damaged: its bytes on disk */
-	close(fd);
+	if (!decode || backing_decoded_size(ds, path, &st, &size))
+		return (uint64_t)st.st_size; /* damaged: its bytes on disk */
 	return size;
 }
 

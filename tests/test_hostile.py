@@ -355,7 +355,10 @@ def test_stop():
                 check(not t.is_alive(), "a reader is blocked after the stop")
             for t0, t1, res in results:
                 if t0 < kill_at[0]:  # in flight at the signal
-                    check(res is True, "a read in flight at the signal: %s" % res)
+                    check(res is True, "a read in flight at the signal: %s (started "
+                          "%.3f s before it, ended %.3f s after; the daemon left "
+                          "%.3f s after)" % (res, kill_at[0] - t0, t1 - kill_at[0],
+                                             exited - kill_at[0]))
                 elif t0 > exited:  # after the daemon left: at once
                     check(res in (errno.ENOTCONN, errno.ECONNABORTED) and t1 - t0 < 1,
                           "a read after the stop: %s in %.2f s" % (res, t1 - t0))

@@ -120,7 +120,9 @@ static void die(const char *fmt, ...)
 	va_start(ap, fmt);
 	report(fmt, ap);
 	va_end(ap);
-	exit(1);
+	/* what the pack held dies with it: no leak checks, no cleanup */
+	fflush(stdout);
+	_exit(1);
 }
 
 /* For metadata that could not be restored: the data is packed, go on. */
