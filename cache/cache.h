@@ -170,6 +170,8 @@ struct read_req {
 	bool fill;       /* a page-cache fill: the kernel takes a short reply
 			  * for the end of the file, so it gets all or an
 			  * error, never a part */
+	bool internal;   /* the daemon's own read (metadata), not a
+			  * reader's request: not counted as one */
 	/* out, for the reply */
 	struct iovec iov[READ_REQ_MAX_FOLIOS];
 	int niov;

@@ -45,6 +45,7 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 	rq->len = len;
 	rq->fault = false;
 	rq->fill = false;
+	rq->internal = false;
 	rq->niov = 0;
 	rq->bytes = 0;
 	rq->waited_io = false;
@@ -377,12 +378,13 @@ int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
 		end = rq->mapping->size;
 	if (rq->pos >= end)
 		return reply(arg, NULL, 0);
-	stat_inc(rq->group, STAT_PGFAULT);
+	if (!rq->internal)
+		stat_inc(rq->group, STAT_PGFAULT);
 	if (rq->fault)
 		stat_inc(rq->group, STAT_FAULT_FILLS);
 	current_rq = rq;
 	err = read_folios(rq, end);
-	if (rq->waited_io)
+	if (rq->waited_io && !rq->internal)
 		stat_inc(rq->group, STAT_PGMAJFAULT);
 	if (rq->file)
 		atomic_store_explicit(&rq->file->prev_pos,

@@ -56,6 +56,8 @@ void text_json_string(struct text *t, const char *s);
 	  "cached data on inactive lists")                                     \
 	X(DEFERRED_FREE, "deferred_free_pages", gauge,                         \
 	  "hot folio data waiting for a grace period")                         \
+	X(SLAB, "slab_reclaimable", gauge,                                     \
+	  "metadata: frame indexes, manifest keys, inodes")                    \
 	X(DECODER_WINDOWS, "decoder_windows", gauge,                           \
 	  "windows of stream decoders, for frames served in pieces")           \
 	X(PGFAULT, "pgfault", event, "read requests served")                   \

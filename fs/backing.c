@@ -342,11 +342,24 @@ static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 	return 0;
 }
 
+/* A thread that is not a worker (the main one, at mount) decodes too. */
+static __thread ZSTD_DCtx *thread_dctx;
+
+static void thread_dctx_free(void)
+{
+	ZSTD_freeDCtx(thread_dctx);
+	thread_dctx = NULL;
+}
+
 static ZSTD_DCtx *dctx_of(void *io_ctx)
 {
 	struct worker *w = io_ctx ? io_ctx : current_worker;
 
-	return w ? w->dctx : NULL;
+	if (w)
+		return w->dctx;
+	if (!thread_dctx && (thread_dctx = ZSTD_createDCtx()))
+		atexit(thread_dctx_free);
+	return thread_dctx;
 }
 
 /* Free f's stream and give back its window; f's stream lock is held. */

@@ -302,6 +302,7 @@ static int entries_add(struct entries *v, const char *name, mode_t type,
 	v->e[v->n].type = type;
 	v->e[v->n].ino = ino;
 	v->e[v->n].decode = false;
+	v->e[v->n].st = NULL;
 	v->n++;
 	return 0;
 }
@@ -409,8 +410,10 @@ int dataset_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
 
 void dataset_list_free(struct dir_entry *e, size_t n)
 {
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		free(e[i].name);
+		free(e[i].st);
+	}
 	free(e);
 }
 
@@ -515,6 +518,11 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 			 strerror(-r));
 		return r;
 	}
+	if (!ds->single) {
+		r = manifest_open(ds, err, errlen);
+		if (r < 0)
+			return r;
+	}
 	if (opt->ctl && *opt->ctl) {
 		ds->ctl_root = znode_ctl(ds, &ds->cache.budget.root, CTL_DIR_ID,
 					 ZN_CTL_DIR);
@@ -532,6 +540,7 @@ void dataset_close(struct dataset *ds)
 	cache_thread_register(); /* the inode table wants an RCU thread */
 	if (ds->handles.next)
 		handles_free_all(ds);
+	manifest_close(ds);
 	inodes_fini(ds);
 	while (ds->ctl_nodes) {
 		struct znode *n = ds->ctl_nodes;

@@ -140,8 +140,9 @@ struct znode {
 };
 
 struct zhandle {
-	struct znode *node;
-	struct zfile *file;         /* holds a mapping reference */
+	struct znode *node;         /* NULL for a manifest inode */
+	struct zfile *file;         /* holds a mapping reference; NULL: empty */
+	uint64_t base, size;        /* the file's bytes in file's content */
 	struct file_ra_state ra;
 };
 
@@ -161,8 +162,13 @@ struct fd_cache {
 	unsigned int open, max;
 };
 
+struct manifest;
+
 struct dataset {
 	struct options *opt;
+	struct manifest *mf;     /* the dataset's manifest, or NULL */
+	atomic_long meta_bytes;  /* metadata charged (meta.c) */
+	atomic_long meta_pages;
 	struct stream_pool streams;
 	struct fd_cache fds;
 	int rootfd;              /* the dataset directory, or the file's dir */
@@ -234,12 +240,31 @@ struct dir_entry {
 	mode_t type;
 	ino_t ino;
 	bool decode; /* a .zst served decoded, as name without ".zst" */
+	struct stat *st; /* its attributes, when the listing knows them */
 };
 int dataset_list(struct dataset *ds, struct znode *dir,
 		 struct dir_entry **out, size_t *n);
 void dataset_list_free(struct dir_entry *e, size_t n);
 int dataset_readlink(struct dataset *ds, struct znode *n, char *buf,
 		     size_t len);
+
+/* manifest.c: a dataset served from its manifest */
+int manifest_open(struct dataset *ds, char *err, size_t errlen);
+void manifest_close(struct dataset *ds);
+bool manifest_ino(const struct dataset *ds, fuse_ino_t ino);
+int manifest_stat(struct dataset *ds, fuse_ino_t ino, struct stat *st);
+int manifest_lookup(struct dataset *ds, fuse_ino_t parent, const char *name,
+		    struct stat *st);
+int manifest_readlink(struct dataset *ds, fuse_ino_t ino, char *buf,
+		      size_t len);
+int manifest_list(struct dataset *ds, fuse_ino_t ino, struct dir_entry **out,
+		  size_t *count);
+int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
+		       uint64_t *base, uint64_t *size);
+void manifest_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries);
+
+/* meta.c: metadata charged to the budget, by the byte */
+void meta_charge(struct dataset *ds, long bytes);
 
 /* fdcache.c: backing fds, bounded */
 void fd_cache_init(struct fd_cache *c, unsigned int max_open);

@@ -77,7 +77,8 @@ static void handle_free(struct dataset *ds, struct handle_hdr *h)
 		struct zfile_handle *f = (struct zfile_handle *)h;
 
 		file_ra_destroy(&f->h.ra);
-		zfile_put(f->h.file);
+		if (f->h.file)
+			zfile_put(f->h.file);
 		break;
 	}
 	}
@@ -112,6 +113,28 @@ static void fill_entry(struct dataset *ds, struct znode *n,
 	e->entry_timeout = is_ctl(n) ? 0 : ds->attr_timeout;
 }
 
+/* A manifest inode's entry: its node id is its inode number. */
+static void fill_manifest_entry(struct dataset *ds, struct fuse_entry_param *e,
+				const struct stat *st)
+{
+	memset(e, 0, sizeof(*e));
+	e->ino = st->st_ino;
+	e->attr = *st;
+	e->attr_timeout = ds->attr_timeout;
+	e->entry_timeout = ds->attr_timeout;
+}
+
+/* Is this lookup the manifest's (not the control directory's)? */
+static bool manifest_parent(struct dataset *ds, fuse_ino_t parent,
+			    const char *name)
+{
+	if (!ds->mf)
+		return false;
+	if (parent == FUSE_ROOT_ID)
+		return !ds->ctl_root || strcmp(name, ds->opt->ctl);
+	return manifest_ino(ds, parent);
+}
+
 static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct dataset *ds = ds_of(req);
@@ -120,6 +143,16 @@ static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct znode *n;
 	int err;
 
+	if (manifest_parent(ds, parent, name)) {
+		err = manifest_lookup(ds, parent, name, &st);
+		if (err) {
+			fuse_reply_err(req, -err);
+			return;
+		}
+		fill_manifest_entry(ds, &e, &st);
+		fuse_reply_entry(req, &e);
+		return;
+	}
 	n = dataset_lookup(ds, znode_of(ds, parent), name, &err);
 	if (!n) {
 		fuse_reply_err(req, -err);
@@ -135,11 +168,16 @@ static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	fuse_reply_entry(req, &e);
 }
 
+/* Manifest inodes are not allocated: nothing to forget. */
+static void forget_one(struct dataset *ds, fuse_ino_t ino, uint64_t nlookup)
+{
+	if (!manifest_ino(ds, ino))
+		znode_forget(ds, znode_of(ds, ino), nlookup);
+}
+
 static void zf_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
-	struct dataset *ds = ds_of(req);
-
-	znode_forget(ds, znode_of(ds, ino), nlookup);
+	forget_one(ds_of(req), ino, nlookup);
 	fuse_reply_none(req);
 }
 
@@ -149,8 +187,7 @@ static void zf_forget_multi(fuse_req_t req, size_t count,
 	struct dataset *ds = ds_of(req);
 
 	for (size_t i = 0; i < count; i++)
-		znode_forget(ds, znode_of(ds, forgets[i].ino),
-			     forgets[i].nlookup);
+		forget_one(ds, forgets[i].ino, forgets[i].nlookup);
 	fuse_reply_none(req);
 }
 
@@ -158,11 +195,20 @@ static void zf_getattr(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
 	struct dataset *ds = ds_of(req);
-	struct znode *n = znode_of(ds, ino);
+	struct znode *n;
 	struct stat st;
 	int err;
 
 	(void)fi;
+	if (ds->mf && (ino == FUSE_ROOT_ID || manifest_ino(ds, ino))) {
+		err = manifest_stat(ds, ino, &st);
+		if (err)
+			fuse_reply_err(req, -err);
+		else
+			fuse_reply_attr(req, &st, ds->attr_timeout);
+		return;
+	}
+	n = znode_of(ds, ino);
 	err = znode_stat(ds, n, &st);
 	if (err)
 		fuse_reply_err(req, -err);
@@ -174,13 +220,13 @@ static void zf_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		       int to_set, struct fuse_file_info *fi)
 {
 	struct dataset *ds = ds_of(req);
-	struct znode *n = znode_of(ds, ino);
+	struct znode *n = manifest_ino(ds, ino) ? NULL : znode_of(ds, ino);
 	struct stat st;
 
 	(void)attr;
 	(void)fi;
 	/* "echo 1G > memory.max" truncates first: that is not a change */
-	if (n->kind == ZN_CTL_FILE && !(to_set & ~(FUSE_SET_ATTR_SIZE |
+	if (n && n->kind == ZN_CTL_FILE && !(to_set & ~(FUSE_SET_ATTR_SIZE |
 						  FUSE_SET_ATTR_ATIME_NOW |
 						  FUSE_SET_ATTR_MTIME_NOW))) {
 		ctl_stat(ds, n, &st);
@@ -194,7 +240,10 @@ static void zf_readlink(fuse_req_t req, fuse_ino_t ino)
 {
 	struct dataset *ds = ds_of(req);
 	char buf[PATH_MAX + 1];
-	int err = dataset_readlink(ds, znode_of(ds, ino), buf, sizeof(buf));
+	int err = manifest_ino(ds, ino)
+			  ? manifest_readlink(ds, ino, buf, sizeof(buf))
+			  : dataset_readlink(ds, znode_of(ds, ino), buf,
+					     sizeof(buf));
 
 	if (err)
 		fuse_reply_err(req, -err);
@@ -213,7 +262,10 @@ static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	err = dataset_list(ds, znode_of(ds, ino), &h->e, &h->n);
+	if (ds->mf && (ino == FUSE_ROOT_ID || manifest_ino(ds, ino)))
+		err = manifest_list(ds, ino, &h->e, &h->n);
+	else
+		err = dataset_list(ds, znode_of(ds, ino), &h->e, &h->n);
 	if (err) {
 		free(h);
 		fuse_reply_err(req, -err);
@@ -221,8 +273,30 @@ static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
 	}
 	handle_track(ds, &h->hdr, H_DIR);
 	fi->fh = (uint64_t)(uintptr_t)h;
-	fi->cache_readdir = !is_ctl(znode_of(ds, ino));
+	fi->cache_readdir = manifest_ino(ds, ino) || !is_ctl(znode_of(ds, ino));
 	fuse_reply_open(req, fi);
+}
+
+/*
+ * readdirplus's attributes for entry name of dir: from the listing when
+ * it has them (a manifest's: no lookup to count), else by a lookup.
+ */
+static void plus_entry(struct dataset *ds, fuse_ino_t dir,
+		       const struct dir_entry *d, struct fuse_entry_param *e)
+{
+	struct znode *n;
+	struct stat st;
+	int err;
+
+	if (d->st) {
+		fill_manifest_entry(ds, e, d->st);
+		return;
+	}
+	n = dataset_lookup(ds, znode_of(ds, dir), d->name, &err);
+	if (n && znode_stat(ds, n, &st) == 0)
+		fill_entry(ds, n, e, &st);
+	else if (n)
+		znode_forget(ds, n, 1);
 }
 
 static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
@@ -230,7 +304,6 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
 {
 	struct dataset *ds = ds_of(req);
 	struct dir_handle *h = (struct dir_handle *)(uintptr_t)fi->fh;
-	struct znode *dir = znode_of(ds, ino);
 	char *buf = malloc(size), *p = buf;
 	size_t rem = size;
 
@@ -257,18 +330,8 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
 						      0);
 			if (need > rem)
 				break;
-			if (i >= 2) {
-				int err;
-				struct znode *n =
-					dataset_lookup(ds, dir, name, &err);
-				struct stat st;
-
-				if (n && znode_stat(ds, n, &st) == 0) {
-					fill_entry(ds, n, &e, &st);
-				} else if (n) {
-					znode_forget(ds, n, 1);
-				}
-			}
+			if (i >= 2)
+				plus_entry(ds, ino, &h->e[i - 2], &e);
 			fuse_add_direntry_plus(req, p, rem, name, &e,
 					       (off_t)i + 1);
 		}
@@ -333,39 +396,23 @@ static void open_ctl(fuse_req_t req, struct dataset *ds, struct znode *n,
 	fuse_reply_open(req, fi);
 }
 
-static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* The open file: f's content [base, base + size) (f NULL: empty). */
+static void open_data(fuse_req_t req, struct dataset *ds,
+		      struct fuse_file_info *fi, struct znode *n,
+		      struct zfile *f, uint64_t base, uint64_t size)
 {
-	struct dataset *ds = ds_of(req);
-	struct znode *n = znode_of(ds, ino);
-	struct zfile_handle *h;
-	struct zfile *f;
-	int err;
+	struct zfile_handle *h = calloc(1, sizeof(*h));
 
-	if (n->kind == ZN_CTL_FILE) {
-		open_ctl(req, ds, n, fi);
-		return;
-	}
-	if (n->kind != ZN_FILE) {
-		fuse_reply_err(req, n->kind == ZN_DIR ? EISDIR : EACCES);
-		return;
-	}
-	if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
-		fuse_reply_err(req, EROFS);
-		return;
-	}
-	err = znode_file(ds, n, true, &f);
-	if (err) {
-		fuse_reply_err(req, -err);
-		return;
-	}
-	h = calloc(1, sizeof(*h));
 	if (!h) {
-		zfile_put(f);
+		if (f)
+			zfile_put(f);
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
 	h->h.node = n;
 	h->h.file = f;
+	h->h.base = base;
+	h->h.size = size;
 	file_ra_init(&h->h.ra, ds->opt->ra_kb / 4);
 	handle_track(ds, &h->hdr, H_FILE);
 	fi->fh = (uint64_t)(uintptr_t)h;
@@ -374,6 +421,46 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	else
 		fi->keep_cache = 1;
 	fuse_reply_open(req, fi);
+}
+
+static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct znode *n;
+	struct zfile *f;
+	uint64_t base, size;
+	int err;
+
+	if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+		n = manifest_ino(ds, ino) ? NULL : znode_of(ds, ino);
+		if (n && n->kind == ZN_CTL_FILE)
+			open_ctl(req, ds, n, fi);
+		else
+			fuse_reply_err(req, EROFS);
+		return;
+	}
+	if (manifest_ino(ds, ino)) {
+		err = manifest_open_file(ds, ino, &f, &base, &size);
+		if (err)
+			fuse_reply_err(req, -err);
+		else
+			open_data(req, ds, fi, NULL, f, base, size);
+		return;
+	}
+	n = znode_of(ds, ino);
+	if (n->kind == ZN_CTL_FILE) {
+		open_ctl(req, ds, n, fi);
+		return;
+	}
+	if (n->kind != ZN_FILE) {
+		fuse_reply_err(req, n->kind == ZN_DIR ? EISDIR : EACCES);
+		return;
+	}
+	err = znode_file(ds, n, true, &f);
+	if (err)
+		fuse_reply_err(req, -err);
+	else
+		open_data(req, ds, fi, n, f, 0, f->mapping->size);
 }
 
 static int reply_iov(void *arg, const struct iovec *iov, int cnt)
@@ -435,10 +522,17 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		fuse_reply_err(req, EINVAL);
 		return;
 	}
+	/* the file is [base, base + size) of its data */
+	if (!h->h.file || (uint64_t)off >= h->h.size) {
+		fuse_reply_buf(req, NULL, 0);
+		return;
+	}
+	if (size > h->h.size - (uint64_t)off)
+		size = (size_t)(h->h.size - (uint64_t)off);
 	g = group_for_request(&ds->cache.budget, ctx->uid, ctx->pid);
 	/* a page-cache fill (mmap fault) has neither flag nor lock owner */
 	ra_request_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
-			(uint64_t)off, size,
+			h->h.base + (uint64_t)off, size,
 			!(fi->flags & READ_LOCKOWNER) && !fi->lock_owner);
 	/* with cache=kernel every read is a page-cache fill */
 	w->rq.rq.fill = w->rq.rq.fault || ds->opt->cache == CACHE_KERNEL;
@@ -449,12 +543,12 @@ static void zf_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
 		     size_t size, off_t off, struct fuse_file_info *fi)
 {
 	struct dataset *ds = ds_of(req);
-	struct znode *n = znode_of(ds, ino);
+	struct znode *n = manifest_ino(ds, ino) ? NULL : znode_of(ds, ino);
 	int err;
 
 	(void)off;
 	(void)fi;
-	if (n->kind != ZN_CTL_FILE) {
+	if (!n || n->kind != ZN_CTL_FILE) {
 		fuse_reply_err(req, EROFS);
 		return;
 	}

@@ -95,6 +95,10 @@ static void walk(struct dataset *ds, struct znode *dir, struct usage *u)
 
 int dataset_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries)
 {
+	if (ds->mf) {
+		manifest_usage(ds, bytes, entries);
+		return 0;
+	}
 	pthread_mutex_lock(&ds->usage_lock);
 	if (!ds->usage_known) {
 		struct usage u = {0, 1}; /* the root */

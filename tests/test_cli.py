@@ -40,7 +40,7 @@ def packed(d, files, *args):
     for name, data in files.items():
         with open(os.path.join(src, name), "wb") as f:
             f.write(data)
-    pack(src, dst, *args)
+    pack(src, dst, TREE, *args)
     return dst
 
 

@@ -30,7 +30,7 @@ def packed_file(d, size=40 * FRAME + 777, seed=1):
     data = text_bytes(size, seed)
     with open(src + "/f", "wb") as f:
         f.write(data)
-    pack(src, dst)
+    pack(src, dst, TREE)
     return data, dst
 
 
@@ -154,7 +154,7 @@ def test_changed():
         os.makedirs(d + "/src2")
         with open(d + "/src2/f", "wb") as f:
             f.write(new)
-        pack(d + "/src2", d + "/dst2")
+        pack(d + "/src2", d + "/dst2", TREE)
         with Mount(dst, d + "/mnt", "budget=32M") as m:
             held = open(d + "/mnt/f", "rb")
             check(held.read() == old, "old content")
@@ -282,7 +282,7 @@ def test_security():
         os.mkfifo(src + "/fifo")
         os.mknod(src + "/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         os.chmod(src + "/a/inside", 0o4755)  # setuid: nosuid must hold
-        pack(src, dst)
+        pack(src, dst, TREE)
         with Mount(dst, mnt, "budget=4M") as m:
             opts = [l.split() for l in open("/proc/self/mountinfo") if l.split()[4] == mnt][0]
             check("nosuid" in opts[5] and "nodev" in opts[5], "mount options: " + opts[5])

@@ -73,7 +73,7 @@ def make_dataset(d):
         os.makedirs(os.path.dirname(src + "/" + rel), exist_ok=True)
         with open(src + "/" + rel, "wb") as f:
             f.write(data)
-    pack(src, dst)
+    pack(src, dst, TREE)
     bad, damaged = {}, {}
     v = dst + "/victim/"
     # 1. a frame with content and no compressed bytes; the sums still add up

@@ -23,6 +23,7 @@ MKZFOLIO = os.environ.get("ZF_MKZFOLIO", os.path.join(BUILD, "tools", "mkzfolio"
 ZFOLIOCTL = os.environ.get("ZF_ZFOLIOCTL", os.path.join(BUILD, "tools", "zfolioctl"))
 
 SKIP = 77  # meson's "skipped"
+TREE = "--layout=tree"  # one .zst per file, in a copy of the tree
 SANITIZER_REPORTS = ("AddressSanitizer", "LeakSanitizer", "ThreadSanitizer",
                      "runtime error:")
 
@@ -87,6 +88,8 @@ def make_tree(root, frame=128 * 1024, big=True):
 
 
 def pack(src, dst, *args):
+    """mkzfolio SRC DST (the packed layout unless args say --layout=tree:
+    the tests that edit a dataset's files need one file per .zst)."""
     r = subprocess.run([MKZFOLIO, "-q", *args, src, dst], capture_output=True, text=True)
     check(r.returncode == 0, "mkzfolio failed: " + r.stderr)
 

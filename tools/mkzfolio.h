@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * mkzfolio internals: shared by the files of mkzfolio only.
+ *
+ * pool.c: the compression pool and the ordered writer of output files
+ * (struct outfile: a seekable .zst being written, frame by frame),
+ * messages, progress, and listing source directories.  tree.c: the tree
+ * layout (each file f as f.zst in a copy of the tree).  packed.c: the
+ * packed layout (a manifest, big files in data files of their own, small
+ * files packed together).
+ */
+#ifndef ZF_MKZFOLIO_H
+#define ZF_MKZFOLIO_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "../common/common.h"
+#include "../format/format.h"
+
+#define BATCH_PER_THREAD 4
+#define MAX_THREADS 1024
+
+/* A seekable .zst being written: frames in order, then its seek table. */
+struct outfile {
+	int fd;
+	char *path;
+	struct stat st;          /* the source's, kept if keep_meta */
+	bool keep_meta;
+	uint32_t nframes, queued, written;
+	bool all_queued;
+	struct zseek_writer_entry *entries;
+	uint32_t cap;            /* entries' room */
+	uint64_t out_bytes;
+};
+
+/* One frame to compress: content in src, the frame out in dst. */
+struct job {
+	struct outfile *of;
+	uint8_t *src, *dst;
+	size_t len, cap, csize;
+	uint32_t checksum;
+};
+
+enum layout { LAYOUT_PACKED, LAYOUT_TREE };
+
+struct packer {
+	int level;
+	size_t frame;
+	unsigned int threads;
+	bool root, progress;
+	enum layout layout;
+	uint64_t small;          /* packed: files up to this size are packed */
+	/* the batch */
+	struct job *jobs;
+	unsigned int njobs, max_jobs;
+	uint8_t *in_arena, *out_arena;
+	size_t out_cap;
+	/* the pool */
+	pthread_t *tids;
+	pthread_mutex_t lock;
+	pthread_cond_t work, done;
+	unsigned int next, finished, generation;
+	bool stop;
+	int error;
+	/* totals */
+	uint64_t total_in, done_in, bytes_out, total_files, done_files;
+	unsigned long files, dirs, links, others, hardlinks;
+	struct timespec t0, last_draw;
+	/* tree layout: directories whose times are set last, deepest first */
+	char **dirpaths;
+	struct stat *dirstats;
+	size_t ndirs, dircap;
+};
+
+/* A directory being walked: its fd, and its path for messages. */
+struct place {
+	int fd;
+	const char *path;
+};
+
+/* One name in a source directory, with both of its paths. */
+struct entry {
+	const char *name;
+	struct stat st;
+	char *spath, *dpath;
+};
+
+extern const char *progname;
+
+/* pool.c */
+void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *join(const char *dir, const char *name);
+double now_s(const struct timespec *t0);
+void draw_progress(struct packer *pk, bool final);
+void write_all(int fd, const void *buf, size_t len, const char *path);
+void read_all(int fd, void *buf, size_t len, const char *path);
+int set_times(int dirfd, const char *name, const struct stat *st, int flags);
+struct outfile *outfile_create(int dirfd, const char *name, const char *path,
+			       uint32_t nframes);
+void outfile_seal(struct packer *pk, struct outfile *of);
+void finish_file(struct packer *pk, struct outfile *of);
+void run_batch(struct packer *pk);
+void queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,
+		 const char *spath);
+void queue_buffer(struct packer *pk, struct outfile *of, const void *buf,
+		  size_t len);
+char **list_dir(int fd, size_t *n, const char *path);
+void tree_count(int fd, const char *path, uint64_t *bytes, uint64_t *files);
+void packer_setup(struct packer *pk, bool quiet);
+void pool_start(struct packer *pk);
+void pool_stop(struct packer *pk);
+void packer_free(struct packer *pk);
+
+/* tree.c */
+void tree_pack(struct packer *pk, const struct place *src,
+	       const struct place *dst);
+void tree_restore_dirs(struct packer *pk);
+
+/* packed.c */
+void packed_pack(struct packer *pk, const struct place *src,
+		 const struct place *dst, const struct stat *sst);
+
+#endif

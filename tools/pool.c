@@ -1,0 +1,449 @@
+// SPDX-License-Identifier: MIT
+/*
+ * mkzfolio's machinery: frames are compressed on a pool of threads, in
+ * batches that may span many files, and the main thread writes them out in
+ * order, so the output depends only on the input and the options, never on
+ * the thread count or timing.  Also messages, progress and the listing of
+ * source directories (sorted: the packing order).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mkzfolio.h"
+
+/* On a line of its own: the progress bar may be on the current one. */
+static void report(const char *fmt, va_list ap)
+{
+	fprintf(stderr, "\n%s: ", progname);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+}
+
+void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	report(fmt, ap);
+	va_end(ap);
+	/* what the pack held dies with it: no leak checks, no cleanup */
+	fflush(stdout);
+	_exit(1);
+}
+
+void warn(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	report(fmt, ap);
+	va_end(ap);
+}
+
+char *join(const char *dir, const char *name)
+{
+	char *p;
+
+	if (asprintf(&p, "%s/%s", dir, name) < 0)
+		die("out of memory");
+	return p;
+}
+
+double now_s(const struct timespec *t0)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)(t.tv_sec - t0->tv_sec) +
+	       (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static void *pool_main(void *arg)
+{
+	struct packer *pk = arg;
+	ZSTD_CCtx *cctx = ZSTD_createCCtx();
+	unsigned int gen = 0;
+
+	pthread_mutex_lock(&pk->lock);
+	for (;;) {
+		while (!pk->stop && (pk->generation == gen ||
+				     pk->next >= pk->njobs))
+			pthread_cond_wait(&pk->work, &pk->lock);
+		if (pk->stop)
+			break;
+		gen = pk->generation;
+		while (pk->next < pk->njobs) {
+			struct job *j = &pk->jobs[pk->next++];
+			size_t r;
+
+			pthread_mutex_unlock(&pk->lock);
+			r = cctx ? zseek_compress_frame(cctx, pk->level, j->src,
+							j->len, j->dst, j->cap,
+							&j->checksum)
+				 : (size_t)-1;
+			pthread_mutex_lock(&pk->lock);
+			if (!cctx || ZSTD_isError(r))
+				pk->error = 1;
+			else
+				j->csize = r;
+			if (++pk->finished == pk->njobs)
+				pthread_cond_signal(&pk->done);
+		}
+	}
+	pthread_mutex_unlock(&pk->lock);
+	ZSTD_freeCCtx(cctx);
+	return NULL;
+}
+
+void draw_progress(struct packer *pk, bool final)
+{
+	double t = now_s(&pk->t0), rate, eta, frac;
+	char bar[31];
+	int fill;
+
+	if (!pk->progress)
+		return;
+	if (!final && now_s(&pk->last_draw) < 0.1)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &pk->last_draw);
+	frac = pk->total_in ? (double)pk->done_in / (double)pk->total_in : 1;
+	rate = t > 0 ? (double)pk->done_in / t : 0;
+	eta = rate > 0 ? (double)(pk->total_in - pk->done_in) / rate : 0;
+	fill = (int)(frac * 30);
+	for (int i = 0; i < 30; i++)
+		bar[i] = i < fill ? '#' : '.';
+	bar[30] = '\0';
+	fprintf(stderr,
+		"\r[%s] %3.0f%% %llu/%llu files %.1f/%.1f MiB  %.1f MiB/s  "
+		"ETA %d:%02d ",
+		bar, frac * 100, (unsigned long long)pk->done_files,
+		(unsigned long long)pk->total_files,
+		(double)pk->done_in / 1048576.0,
+		(double)pk->total_in / 1048576.0, rate / 1048576.0,
+		(int)eta / 60, (int)eta % 60);
+	if (final)
+		fputc('\n', stderr);
+	fflush(stderr);
+}
+
+void write_all(int fd, const void *buf, size_t len, const char *path)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			die("%s: %s", path,
+			    n < 0 ? strerror(errno) : "short write");
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+/* Exactly len bytes, or the file is not what fstatat said it was. */
+void read_all(int fd, void *buf, size_t len, const char *path)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = read(fd, (char *)buf + got, len - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			die("%s: changed while being read", path);
+		got += (size_t)n;
+	}
+}
+
+int set_times(int dirfd, const char *name, const struct stat *st,
+		     int flags)
+{
+	struct timespec ts[2] = {st->st_atim, st->st_mtim};
+
+	return utimensat(dirfd, name, ts, flags);
+}
+
+/* Owner, mode and times of the source, on the finished output. */
+static void keep_file_meta(const struct outfile *of, bool root)
+{
+	struct timespec ts[2] = {of->st.st_atim, of->st.st_mtim};
+
+	if (root && fchown(of->fd, of->st.st_uid, of->st.st_gid))
+		die("%s: chown: %s", of->path, strerror(errno));
+	if (fchmod(of->fd, of->st.st_mode & 07777))
+		die("%s: chmod: %s", of->path, strerror(errno));
+	if (futimens(of->fd, ts))
+		die("%s: %s", of->path, strerror(errno));
+}
+
+/* All frames written: append the seek table and close the output. */
+void finish_file(struct packer *pk, struct outfile *of)
+{
+	size_t tsize = zseek_table_size(of->nframes);
+	uint8_t *tab = malloc(tsize);
+
+	if (!tab)
+		die("out of memory");
+	if (zseek_write_table(of->entries, of->nframes, tab, tsize) != tsize)
+		die("%s: cannot build the seek table", of->path);
+	write_all(of->fd, tab, tsize, of->path);
+	free(tab);
+	of->out_bytes += tsize;
+	pk->bytes_out += of->out_bytes;
+	if (of->keep_meta)
+		keep_file_meta(of, pk->root);
+	if (close(of->fd))
+		die("%s: %s", of->path, strerror(errno));
+	free(of->entries);
+	free(of->path);
+	free(of);
+}
+
+/* Compress the batch on the pool, then write it out in order. */
+void run_batch(struct packer *pk)
+{
+	pthread_mutex_lock(&pk->lock);
+	pk->next = 0;
+	pk->finished = 0;
+	pk->generation++;
+	pthread_cond_broadcast(&pk->work);
+	while (pk->finished < pk->njobs)
+		pthread_cond_wait(&pk->done, &pk->lock);
+	pthread_mutex_unlock(&pk->lock);
+	if (pk->error)
+		die("compression failed");
+	for (unsigned int i = 0; i < pk->njobs; i++) {
+		struct job *j = &pk->jobs[i];
+		struct outfile *of = j->of;
+
+		write_all(of->fd, j->dst, j->csize, of->path);
+		if (of->written == of->cap) {
+			of->cap = of->cap ? of->cap * 2 : 64;
+			of->entries = realloc(of->entries,
+					      of->cap * sizeof(*of->entries));
+			if (!of->entries)
+				die("out of memory");
+		}
+		of->entries[of->written] = (struct zseek_writer_entry){
+			(uint32_t)j->csize, (uint32_t)j->len, j->checksum};
+		of->written++;
+		of->out_bytes += j->csize;
+		pk->done_in += j->len;
+		if (of->all_queued && of->written == of->queued)
+			finish_file(pk, of);
+	}
+	pk->njobs = 0;
+	draw_progress(pk, false);
+}
+
+/* The next job of the batch, for a frame of of. */
+static struct job *job_next(struct packer *pk, struct outfile *of)
+{
+	struct job *j = &pk->jobs[pk->njobs];
+
+	j->of = of;
+	j->src = pk->in_arena + (size_t)pk->njobs * pk->frame;
+	j->dst = pk->out_arena + (size_t)pk->njobs * pk->out_cap;
+	j->cap = pk->out_cap;
+	return j;
+}
+
+/* The job's content is in: queue it; a full batch runs. */
+static void job_queued(struct packer *pk, struct outfile *of, size_t len)
+{
+	pk->jobs[pk->njobs].len = len;
+	/* before run_batch: it finishes the file once all are written */
+	if (++of->queued == of->nframes)
+		of->all_queued = true;
+	if (++pk->njobs == pk->max_jobs)
+		run_batch(pk);
+}
+
+/* Read the next frame's content from fd into the batch. */
+void queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,
+		 const char *spath)
+{
+	read_all(fd, job_next(pk, of)->src, len, spath);
+	job_queued(pk, of, len);
+}
+
+/* A frame's content from memory into the batch. */
+void queue_buffer(struct packer *pk, struct outfile *of, const void *buf,
+		  size_t len)
+{
+	memcpy(job_next(pk, of)->src, buf, len);
+	job_queued(pk, of, len);
+}
+
+/*
+ * dirfd/name, created empty (path for messages), for nframes frames, or
+ * for as many as are queued before outfile_seal() when nframes is 0.
+ */
+struct outfile *outfile_create(int dirfd, const char *name, const char *path,
+			       uint32_t nframes)
+{
+	struct outfile *of = calloc(1, sizeof(*of));
+
+	if (!of || !(of->path = strdup(path)))
+		die("out of memory");
+	of->fd = openat(dirfd, name,
+			O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+			0644);
+	if (of->fd < 0)
+		die("%s: %s", path, strerror(errno));
+	of->nframes = nframes ? nframes : UINT32_MAX;
+	of->cap = nframes;
+	of->entries = calloc(nframes ? nframes : 1, sizeof(*of->entries));
+	if (!of->entries)
+		die("out of memory");
+	return of;
+}
+
+/* No more frames for of: it is finished once they are written. */
+void outfile_seal(struct packer *pk, struct outfile *of)
+{
+	of->nframes = of->queued;
+	of->all_queued = true;
+	if (of->written == of->queued)
+		finish_file(pk, of);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void push_name(char ***v, size_t *n, size_t *cap, const char *name)
+{
+	if (*n == *cap) {
+		*cap = *cap ? *cap * 2 : 64;
+		*v = realloc(*v, *cap * sizeof(**v));
+		if (!*v)
+			die("out of memory");
+	}
+	(*v)[*n] = strdup(name);
+	if (!(*v)[*n])
+		die("out of memory");
+	(*n)++;
+}
+
+/* The sorted names of a directory: the packing order. */
+char **list_dir(int fd, size_t *n, const char *path)
+{
+	int dup_fd = dup(fd);
+	DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+	struct dirent *e;
+	char **v = NULL;
+	size_t cap = 0;
+
+	if (!d)
+		die("%s: %s", path, strerror(errno));
+	rewinddir(d); /* the dup shares the offset of an earlier listing */
+	*n = 0;
+	errno = 0;
+	while ((e = readdir(d))) {
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			push_name(&v, n, &cap, e->d_name);
+		errno = 0;
+	}
+	if (errno)
+		die("%s: %s", path, strerror(errno));
+	closedir(d);
+	if (*n)
+		qsort(v, *n, sizeof(*v), cmp_name);
+	return v;
+}
+
+/* The content bytes and files under one name: what the progress counts. */
+static void entry_count(int dirfd, const char *dir, const char *name,
+			uint64_t *bytes, uint64_t *files)
+{
+	struct stat st;
+	char *sub;
+	int fd;
+
+	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW))
+		return; /* packing it will say why */
+	++*files;
+	if (S_ISREG(st.st_mode))
+		*bytes += (uint64_t)st.st_size;
+	if (!S_ISDIR(st.st_mode))
+		return;
+	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+					 O_CLOEXEC);
+	if (fd < 0)
+		return;
+	sub = join(dir, name);
+	tree_count(fd, sub, bytes, files);
+	free(sub);
+	close(fd);
+}
+
+void tree_count(int fd, const char *path, uint64_t *bytes, uint64_t *files)
+{
+	size_t n;
+	char **names = list_dir(fd, &n, path);
+
+	for (size_t i = 0; i < n; i++) {
+		entry_count(fd, path, names[i], bytes, files);
+		free(names[i]);
+	}
+	free(names);
+}
+
+void packer_setup(struct packer *pk, bool quiet)
+{
+	pk->root = geteuid() == 0;
+	pk->progress = !quiet && isatty(2);
+	pk->max_jobs = pk->threads * BATCH_PER_THREAD;
+	pk->out_cap = ZSTD_compressBound(pk->frame);
+	pk->jobs = calloc(pk->max_jobs, sizeof(*pk->jobs));
+	pk->in_arena = malloc(pk->max_jobs * pk->frame);
+	pk->out_arena = malloc(pk->max_jobs * pk->out_cap);
+	pk->tids = calloc(pk->threads, sizeof(*pk->tids));
+	if (!pk->jobs || !pk->in_arena || !pk->out_arena || !pk->tids)
+		die("out of memory");
+}
+
+void pool_start(struct packer *pk)
+{
+	if (pthread_mutex_init(&pk->lock, NULL) ||
+	    pthread_cond_init(&pk->work, NULL) ||
+	    pthread_cond_init(&pk->done, NULL))
+		die("cannot set up the thread pool");
+	for (unsigned int i = 0; i < pk->threads; i++)
+		if (pthread_create(&pk->tids[i], NULL, pool_main, pk))
+			die("cannot start threads");
+}
+
+void pool_stop(struct packer *pk)
+{
+	pthread_mutex_lock(&pk->lock);
+	pk->stop = true;
+	pthread_cond_broadcast(&pk->work);
+	pthread_mutex_unlock(&pk->lock);
+	for (unsigned int i = 0; i < pk->threads; i++)
+		pthread_join(pk->tids[i], NULL);
+}
+
+void packer_free(struct packer *pk)
+{
+	pthread_mutex_destroy(&pk->lock);
+	pthread_cond_destroy(&pk->work);
+	pthread_cond_destroy(&pk->done);
+	free(pk->jobs);
+	free(pk->in_arena);
+	free(pk->out_arena);
+	free(pk->tids);
+	free(pk->dirpaths);
+	free(pk->dirstats);
+}

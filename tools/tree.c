@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The tree layout (mkzfolio --layout=tree): a copy of the source tree in
+ * which each regular file f is f.zst in the zstd seekable format, and
+ * directories, symlinks (as links, never followed), FIFOs and (as root)
+ * device nodes are recreated, with modes, times and (as root) owners.
+ * Every .zst is a plain zstd stream: zstd -d restores the file.  A name
+ * that ".zst" would make too long, and a source holding both x and x.zst,
+ * cannot be kept this way: the packed layout keeps them.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mkzfolio.h"
+
+/* DST/name.zst, created empty, with room for the entries of its frames. */
+static struct outfile *outfile_open(struct packer *pk, const struct place *dst,
+				    const struct entry *e)
+{
+	uint32_t nframes = (uint32_t)(((uint64_t)e->st.st_size + pk->frame -
+				       1) / pk->frame);
+	struct outfile *of;
+	char *zname, *path;
+
+	if (asprintf(&zname, "%s.zst", e->name) < 0)
+		die("out of memory");
+	path = join(dst->path, zname);
+	/* a name the filesystem refuses once ".zst" is added */
+	if (strlen(zname) > NAME_MAX)
+		die("%s: the name is too long for the tree layout once .zst "
+		    "is added (the packed layout keeps it)", e->spath);
+	unlinkat(dst->fd, zname, 0); /* --force over an earlier pack */
+	of = outfile_create(dst->fd, zname, path, nframes);
+	of->st = e->st;
+	of->keep_meta = true;
+	free(zname);
+	free(path);
+	return of;
+}
+
+static void pack_file(struct packer *pk, const struct place *src,
+		      const struct place *dst, const struct entry *e)
+{
+	uint64_t left = (uint64_t)e->st.st_size;
+	struct outfile *of;
+	int fd;
+
+	fd = openat(src->fd, e->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		die("%s: %s", e->spath, strerror(errno));
+	of = outfile_open(pk, dst, e);
+	while (left) {
+		size_t len = left < pk->frame ? (size_t)left : pk->frame;
+
+		left -= len;
+		queue_frame(pk, of, fd, len, e->spath);
+	}
+	close(fd);
+	pk->files++;
+	pk->done_files++;
+	/* with frames, run_batch finishes it (and may have freed it) */
+	if (!e->st.st_size)
+		outfile_seal(pk, of); /* no frames: finished at once */
+}
+
+static void remember_dir(struct packer *pk, const char *path,
+			 const struct stat *st)
+{
+	if (pk->ndirs == pk->dircap) {
+		pk->dircap = pk->dircap ? pk->dircap * 2 : 64;
+		pk->dirpaths = realloc(pk->dirpaths,
+				       pk->dircap * sizeof(*pk->dirpaths));
+		pk->dirstats = realloc(pk->dirstats,
+				       pk->dircap * sizeof(*pk->dirstats));
+		if (!pk->dirpaths || !pk->dirstats)
+			die("out of memory");
+	}
+	pk->dirpaths[pk->ndirs] = strdup(path);
+	if (!pk->dirpaths[pk->ndirs])
+		die("out of memory");
+	pk->dirstats[pk->ndirs++] = *st;
+}
+
+/* A directory: made private (0700) while packed, its mode set last. */
+static void pack_dir(struct packer *pk, const struct place *src,
+		     const struct place *dst, const struct entry *e)
+{
+	struct place s2 = {.path = e->spath}, d2 = {.path = e->dpath};
+
+	if (mkdirat(dst->fd, e->name, 0700) && errno != EEXIST)
+		die("%s: %s", e->dpath, strerror(errno));
+	s2.fd = openat(src->fd, e->name,
+		       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (s2.fd < 0)
+		die("%s: %s", e->spath, strerror(errno));
+	d2.fd = openat(dst->fd, e->name,
+		       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (d2.fd < 0)
+		die("%s: %s", e->dpath, strerror(errno));
+	tree_pack(pk, &s2, &d2);
+	close(s2.fd);
+	close(d2.fd);
+	remember_dir(pk, e->dpath, &e->st);
+	pk->dirs++;
+}
+
+/* Owner (as root) and times of a link or node just made in dst. */
+static void keep_node_meta(struct packer *pk, const struct place *dst,
+			   const struct entry *e)
+{
+	if (pk->root && fchownat(dst->fd, e->name, e->st.st_uid, e->st.st_gid,
+				 AT_SYMLINK_NOFOLLOW))
+		warn("%s: chown: %s", e->dpath, strerror(errno));
+	if (set_times(dst->fd, e->name, &e->st, AT_SYMLINK_NOFOLLOW))
+		warn("%s: times: %s", e->dpath, strerror(errno));
+}
+
+/* A symlink: copied as a link, its target never followed. */
+static void pack_link(struct packer *pk, const struct place *src,
+		      const struct place *dst, const struct entry *e)
+{
+	char target[PATH_MAX + 1];
+	ssize_t len = readlinkat(src->fd, e->name, target, sizeof(target) - 1);
+
+	if (len < 0)
+		die("%s: %s", e->spath, strerror(errno));
+	target[len] = '\0';
+	unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
+	if (symlinkat(target, dst->fd, e->name))
+		die("%s: %s", e->dpath, strerror(errno));
+	keep_node_meta(pk, dst, e);
+	pk->links++;
+}
+
+/* A FIFO, or (as root) a device node: recreated, never opened. */
+static void pack_node(struct packer *pk, const struct place *dst,
+		      const struct entry *e)
+{
+	unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
+	if (mknodat(dst->fd, e->name, e->st.st_mode, e->st.st_rdev))
+		die("%s: %s", e->dpath, strerror(errno));
+	keep_node_meta(pk, dst, e);
+	pk->others++;
+}
+
+static bool can_make_node(const struct packer *pk, mode_t mode)
+{
+	return S_ISFIFO(mode) ||
+	       (pk->root && (S_ISCHR(mode) || S_ISBLK(mode)));
+}
+
+static void pack_entry(struct packer *pk, const struct place *src,
+		       const struct place *dst, const char *name)
+{
+	struct entry e = {.name = name};
+
+	e.spath = join(src->path, name);
+	e.dpath = join(dst->path, name);
+	if (fstatat(src->fd, name, &e.st, AT_SYMLINK_NOFOLLOW))
+		die("%s: %s", e.spath, strerror(errno));
+	if (S_ISREG(e.st.st_mode))
+		pack_file(pk, src, dst, &e);
+	else if (S_ISDIR(e.st.st_mode))
+		pack_dir(pk, src, dst, &e);
+	else if (S_ISLNK(e.st.st_mode))
+		pack_link(pk, src, dst, &e);
+	else if (can_make_node(pk, e.st.st_mode))
+		pack_node(pk, dst, &e);
+	else
+		fprintf(stderr, "\n%s: %s: skipped (%s)\n", progname, e.spath,
+			S_ISSOCK(e.st.st_mode) ? "a socket"
+					       : "a device node, needs root");
+	free(e.spath);
+	free(e.dpath);
+}
+
+void tree_pack(struct packer *pk, const struct place *src,
+	       const struct place *dst)
+{
+	size_t n;
+	char **names = list_dir(src->fd, &n, src->path);
+
+	for (size_t i = 0; i < n; i++) {
+		pack_entry(pk, src, dst, names[i]);
+		free(names[i]);
+	}
+	free(names);
+}
+
+/* Packing a directory changed its times: set them last, deepest first. */
+void tree_restore_dirs(struct packer *pk)
+{
+	while (pk->ndirs--) {
+		const struct stat *st = &pk->dirstats[pk->ndirs];
+		const char *p = pk->dirpaths[pk->ndirs];
+
+		if (pk->root && lchown(p, st->st_uid, st->st_gid))
+			warn("%s: chown: %s", p, strerror(errno));
+		if (chmod(p, st->st_mode & 07777))
+			warn("%s: chmod: %s", p, strerror(errno));
+		if (set_times(AT_FDCWD, p, st, AT_SYMLINK_NOFOLLOW))
+			warn("%s: times: %s", p, strerror(errno));
+		free(pk->dirpaths[pk->ndirs]);
+	}
+}
