@@ -130,19 +130,19 @@ static int resolve_name(int dirfd, const char *name, struct backing_name *b)
 	free(zname);
 	if (!has_plain)
 		return -ENOENT;
+	b->decode = false;
 	if (ends_with_zst(name) && S_ISREG(plain.st_mode)) {
-		/* served stripped, unless the stripped name is taken */
+		/* served stripped, unless the stripped name is taken: then
+		 * the name on disk is the same file (a symlink to it works) */
 		char *stripped = strip_zst(name);
 		struct stat tmp;
 		bool taken = stripped && lstat_at(dirfd, stripped, &tmp) == 0;
 
 		free(stripped);
-		if (!taken)
-			return -ENOENT;
+		b->decode = !taken;
 	}
 	b->bname = strdup(name);
 	b->st = plain;
-	b->decode = false;
 	return b->bname ? 0 : -ENOMEM;
 }
 

@@ -104,8 +104,9 @@ class Mount:
     """zfolio in the foreground as a child process; unmounted on exit."""
 
     def __init__(self, dataset, mnt, opts="", extra=(), env=None, expect_exit=0,
-                 wrapper=(), timeout=10):
+                 wrapper=(), timeout=10, preexec=None):
         self.dataset, self.mnt, self.opts, self.extra = dataset, mnt, opts, extra
+        self.preexec = preexec
         self.wrapper, self.timeout = list(wrapper), timeout
         self.env, self.expect_exit = env, expect_exit
         self.proc = None
@@ -119,7 +120,8 @@ class Mount:
         cmd += list(self.extra)
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ, **self.env) if self.env else None
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env,
+                                     preexec_fn=self.preexec)
         deadline = time.time() + self.timeout
         while not is_mounted(self.mnt):
             if self.proc.poll() is not None or time.time() > deadline:

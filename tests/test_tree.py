@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Trees as users have them: every name, link and hard link round-trips
+(tar of the mount equals tar of the source), and many files are listed and
+read with the daemon at 256 open files and its RSS within budget + 32 MiB.
+
+    test_tree.py fidelity | many | foreign
+
+ZF_TREE_FILES sets the size of the many-files tree (default 40000: CI; the
+million-file run is bench/manyfiles).
+"""
+import hashlib
+import os
+import random
+import resource
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zftest import *  # noqa: E402,F401,F403
+
+SMALL = 128 << 10
+
+
+def tar_digest(root):
+    """sha256 of tar --sort=name --numeric-owner -c: names, types, modes,
+    owners, times, link targets, hard links and content."""
+    r = subprocess.run("tar --sort=name --numeric-owner -cf - . | sha256sum",
+                       shell=True, cwd=root, capture_output=True, text=True)
+    check(r.returncode == 0, "tar in %s: %s" % (root, r.stderr))
+    return r.stdout.split()[0]
+
+
+def make_tricky(root):
+    """The cases real trees hold: x beside x.zst, a 255-byte name, names
+    with tabs, newlines, backslashes and bytes that are not UTF-8, hard
+    links in and across directories, symlinks to .zst names and dangling
+    ones, FIFOs, device nodes, empty files and directories, sizes around
+    the small-file limit, deep nesting."""
+    def put(rel, data):
+        p = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+    put("x", b"plain x\n")
+    put("x.zst", b"not zstd, a file named x.zst\n")
+    put("foo.zst", rand_bytes(5000, 1))
+    put("n" * 255, b"a name at the limit\n")
+    put("dir/" + "m" * 251 + ".zst", b"x.zst too long once .zst is added\n")
+    put(os.fsdecode(b"bytes\xff\xfe not utf-8"), b"latin\n")
+    put("tab\there", b"tab\n")
+    put("new\nline", b"newline\n")
+    put("back\\slash", b"backslash\n")
+    put("a-b/f", b"dash\n")
+    put("a0/f", b"zero\n")
+    put("a/b/c/d/e/f/g/h/i/j/deep", text_bytes(1000, 2))
+    for n in (0, 1, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL + 5):
+        put("sizes/s%d" % n, text_bytes(n, n))
+    put("links/orig", text_bytes(20000, 3))
+    os.link(root + "/links/orig", root + "/links/hard")
+    os.link(root + "/links/orig", root + "/dir/hard_elsewhere")
+    put("links/big", text_bytes(3 * SMALL, 4))
+    os.link(root + "/links/big", root + "/links/big_hard")
+    os.symlink("foo.zst", root + "/to_foo_zst")
+    os.symlink("nowhere/at/all", root + "/dangling")
+    os.symlink("../x", root + "/links/up")
+    os.mkfifo(root + "/fifo")
+    os.mknod(root + "/null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    os.makedirs(root + "/empty")
+    os.chmod(root + "/x", 0o4755)
+    os.chown(root + "/x.zst", 1234, 5678, follow_symlinks=False)
+    for rel in ("x", "tab\there", "a-b", "empty"):
+        os.utime(os.path.join(root, rel), ns=(1_500_000_000_000000001, 1_600_000_000_999999999))
+
+
+def test_fidelity():
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(src)
+        make_tricky(src)
+        want = tar_digest(src)
+        pack(src, dst)
+        with Mount(dst, mnt, "budget=8M"):
+            check(tar_digest(mnt) == want, "tar of the mount differs from the source")
+            a, b = os.stat(mnt + "/links/orig"), os.stat(mnt + "/dir/hard_elsewhere")
+            check(a.st_ino == b.st_ino and a.st_nlink == 3, "hard links: %s %s" % (a, b))
+            check(os.readlink(mnt + "/to_foo_zst") == "foo.zst", "a link to a .zst name")
+            with open(mnt + "/to_foo_zst", "rb") as f:
+                check(f.read() == rand_bytes(5000, 1), "through the link to foo.zst")
+        # --force over the dataset: the same again
+        pack(src, dst, "--force")
+        with Mount(dst, mnt, "budget=8M"):
+            check(tar_digest(mnt) == want, "tar after mkzfolio --force")
+        # a foreign tree: a link to foo.zst finds what is served as foo
+        foreign = d + "/foreign"
+        os.makedirs(foreign)
+        data = text_bytes(30000, 5)
+        subprocess.run(["zstd", "-q", "-o", foreign + "/foo.zst"], input=data, check=True)
+        os.symlink("foo.zst", foreign + "/link")
+        with Mount(foreign, mnt, "budget=8M"):
+            check(sorted(os.listdir(mnt)) == ["foo", "link"], "foreign listing")
+            with open(mnt + "/link", "rb") as f:
+                check(f.read() == data, "a foreign tree's link to a .zst name")
+
+
+def gen_many(root, n, seed):
+    """n entries: mostly small files, some large, wide and deep dirs.
+    Returns {path: (size, seed)} of the regular files."""
+    rnd = random.Random(seed)
+    files = {}
+    dirs = [""]
+    made = 0
+    while made < n:
+        parent = rnd.choice(dirs[-200:] if rnd.random() < 0.7 else dirs)
+        if rnd.random() < 0.05 and len(parent.split("/")) < 12:
+            d = (parent + "/" if parent else "") + "d%d" % made
+            os.mkdir(os.path.join(root, d))
+            dirs.append(d)
+        else:
+            rel = (parent + "/" if parent else "") + "f%d" % made
+            size = rnd.choice([0, 10, 300, 2000, 9000, 30000]) if rnd.random() < 0.995 \
+                else rnd.choice([200000, 1500000])
+            with open(os.path.join(root, rel), "wb") as f:
+                f.write(text_bytes(size, made))
+            files[rel] = (size, made)
+        made += 1
+    return files
+
+
+class RssWatch:
+    """Samples the daemon's VmRSS until stopped; keeps the peak."""
+    def __init__(self, pid):
+        self.pid, self.peak, self.stop = pid, 0, False
+        self.t = threading.Thread(target=self.run)
+        self.t.start()
+
+    def run(self):
+        while not self.stop:
+            self.peak = max(self.peak, vmrss_kib(self.pid) * 1024)
+            time.sleep(0.05)
+
+    def done(self):
+        self.stop = True
+        self.t.join()
+        return self.peak
+
+
+def nofile(n):
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    return set_limit
+
+
+def check_many(mnt, files, nentries, budget, pid, sample):
+    """find, ls -lR, du, random files byte-exact; RSS bounded."""
+    watch = RssWatch(pid)
+    try:
+        r = subprocess.run("find . | wc -l", shell=True, cwd=mnt, capture_output=True,
+                           text=True)
+        check(r.returncode == 0 and int(r.stdout) == nentries + 1,
+              "find | wc -l: %s, want %d" % (r.stdout.strip(), nentries + 1))
+        r = subprocess.run(["ls", "-lR", mnt], capture_output=True, text=True)
+        check(r.returncode == 0 and not r.stderr, "ls -lR: " + r.stderr[:300])
+        r = subprocess.run(["du", "-s", mnt], capture_output=True, text=True)
+        check(r.returncode == 0, "du -s: " + r.stderr[:300])
+        rnd = random.Random(7)
+        for rel in rnd.sample(sorted(files), min(sample, len(files))):
+            size, seed = files[rel]
+            with open(os.path.join(mnt, rel), "rb") as f:
+                check(f.read() == text_bytes(size, seed), "content of " + rel)
+    finally:
+        peak = watch.done()
+    print("daemon VmRSS peak %.1f MiB" % (peak / 2**20))
+    if os.environ.get("ZF_SANITIZE", "none") == "none":
+        check(peak <= budget + (32 << 20), "VmRSS %.1f MiB over budget + 32 MiB" %
+              (peak / 2**20))
+
+
+def test_many():
+    require_root_fuse()
+    n = int(os.environ.get("ZF_TREE_FILES", "40000"))
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(src)
+        files = gen_many(src, n, 1)
+        pack(src, dst)
+        with Mount(dst, mnt, "budget=64M", preexec=nofile(256), timeout=60) as m:
+            check_many(mnt, files, n, 64 << 20, m.pid, 2000)
+
+
+def test_foreign():
+    """A tree of .zst files the zstd CLI wrote, no manifest: listed and
+    read at 256 open files, RSS bounded."""
+    require_root_fuse()
+    n = int(os.environ.get("ZF_FOREIGN_FILES", "3000"))
+    with tmpdir() as d:
+        src, mnt = d + "/src", d + "/mnt"
+        files = {}
+        for i in range(n):
+            sub = "d%d" % (i % 30)
+            os.makedirs(os.path.join(src, sub), exist_ok=True)
+            size = (i * 7919) % 40000
+            with open(os.path.join(src, sub, "f%d" % i), "wb") as f:
+                f.write(text_bytes(size, i))
+            files["%s/f%d" % (sub, i)] = (size, i)
+        subprocess.run("find . -type f | xargs zstd -q --rm", shell=True, cwd=src,
+                       check=True)
+        with Mount(src, mnt, "budget=64M", preexec=nofile(256), timeout=60) as m:
+            check_many(mnt, files, n + 30, 64 << 20, m.pid, 1000)
+
+
+if __name__ == "__main__":
+    main(globals(), "test_tree.py")
