@@ -589,6 +589,7 @@ static void zfile_release(struct mapping *m)
 {
 	struct zfile *f = m->host;
 
+	meta_charge(f->ds, -f->meta_bytes);
 	pthread_mutex_lock(&f->pool->lock);
 	cds_list_del_init(&f->stream_link);
 	pthread_mutex_unlock(&f->pool->lock);

@@ -187,6 +187,7 @@ struct znode *inode_get(struct dataset *ds, const struct stat *st,
 		if (hn == &mine->hnode) {
 			n = mine;
 			mine = NULL;
+			meta_charge(ds, (long)(sizeof(*n) + strlen(path) + 1));
 			break;
 		}
 		/* another lookup added it first: take that one */
@@ -208,6 +209,7 @@ void znode_forget(struct dataset *ds, struct znode *n, uint64_t nlookup)
 				      memory_order_acq_rel) != nlookup)
 		return;
 	cds_lfht_del(ds->inodes, &n->hnode);
+	meta_charge(ds, -(long)(sizeof(*n) + strlen(n->path) + 1));
 	/* the kernel sends nothing more for it: its file can go now */
 	pthread_mutex_lock(&n->lock);
 	f = n->file;
@@ -329,6 +331,8 @@ int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
 	}
 	pthread_mutex_init(&f->stream_lock, NULL);
 	zfile_fd_add(f);
+	f->meta_bytes = zfile_meta_bytes(f);
+	meta_charge(ds, f->meta_bytes);
 	if (f->idx.nunsized) /* counted once per file: a slow file */
 		stat_mod(&ds->cache.budget.root, STAT_SLOW_FRAMES,
 			 f->idx.nunsized);

@@ -87,6 +87,7 @@ enum znode_kind {
  */
 struct zfile {
 	struct dataset *ds;
+	long meta_bytes;       /* what its index takes, charged (meta.c) */
 	char *path;            /* the backing path, relative to the root */
 	/* the fd, -1 while closed; fd_users and fd_link under ds->fds.lock */
 	int fd;
@@ -265,6 +266,9 @@ void manifest_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries);
 
 /* meta.c: metadata charged to the budget, by the byte */
 void meta_charge(struct dataset *ds, long bytes);
+long zfile_meta_bytes(const struct zfile *f);
+/* manifest.c: give back idle data files' indexes, oldest first */
+void manifest_shrink(struct dataset *ds, long target_bytes);
 
 /* fdcache.c: backing fds, bounded */
 void fd_cache_init(struct fd_cache *c, unsigned int max_open);

@@ -34,6 +34,7 @@ struct mf_key {
 struct mf_data {
 	pthread_mutex_t lock;
 	struct zfile *f;
+	struct cds_list_head lru; /* on mf->lru while f is set */
 };
 
 struct manifest {
@@ -45,6 +46,8 @@ struct manifest {
 	struct stat root;        /* the root's attributes */
 	struct mf_key *_Atomic *keys; /* per frame, NULL until read */
 	struct mf_data *data;
+	pthread_mutex_t lru_lock;
+	struct cds_list_head lru;     /* open data files, oldest use first */
 };
 
 /* What a frame callback gets: one frame's text, pinned while it runs. */
@@ -518,8 +521,12 @@ int manifest_open(struct dataset *ds, char *err, size_t errlen)
 		mf->data = calloc(mf->ndata ? mf->ndata : 1, sizeof(*mf->data));
 		r = mf->keys && mf->data ? 0 : -ENOMEM;
 	}
-	for (uint32_t i = 0; !r && i < mf->ndata; i++)
+	pthread_mutex_init(&mf->lru_lock, NULL);
+	CDS_INIT_LIST_HEAD(&mf->lru);
+	for (uint32_t i = 0; !r && i < mf->ndata; i++) {
 		pthread_mutex_init(&mf->data[i].lock, NULL);
+		CDS_INIT_LIST_HEAD(&mf->data[i].lru);
+	}
 	if (r)
 		snprintf(err, errlen, "%s: %s", ZMF_NAME,
 			 r == -EPROTO ? "a manifest of another version"
@@ -720,7 +727,47 @@ static int data_file(struct dataset *ds, uint64_t id, struct zfile **out)
 		*out = d->f;
 	}
 	pthread_mutex_unlock(&d->lock);
+	if (!r) { /* the most recently used goes last */
+		pthread_mutex_lock(&ds->mf->lru_lock);
+		cds_list_del(&d->lru);
+		cds_list_add_tail(&d->lru, &ds->mf->lru);
+		pthread_mutex_unlock(&ds->mf->lru_lock);
+	}
 	return r;
+}
+
+/*
+ * The inode shrinker's counterpart: drop the indexes (and cached data) of
+ * data files nobody has open, least recently used first, until metadata is
+ * down to target bytes.  They are indexed again when next opened.
+ */
+void manifest_shrink(struct dataset *ds, long target)
+{
+	struct manifest *mf = ds->mf;
+	struct mf_data *d, *tmp;
+
+	pthread_mutex_lock(&mf->lru_lock);
+	cds_list_for_each_entry_safe(d, tmp, &mf->lru, lru) {
+		if (atomic_load(&ds->meta_bytes) <= target)
+			break;
+		if (pthread_mutex_trylock(&d->lock))
+			continue;
+		/* only the slot holds it: no handle is open on it */
+		if (d->f && atomic_load(&d->f->mapping->refcount) == 1) {
+			struct zfile *f = d->f;
+
+			d->f = NULL;
+			cds_list_del_init(&d->lru);
+			pthread_mutex_unlock(&d->lock);
+			pthread_mutex_unlock(&mf->lru_lock);
+			zfile_put(f); /* uncharges its metadata */
+			pthread_mutex_lock(&mf->lru_lock);
+			tmp = cds_list_entry(mf->lru.next, struct mf_data, lru);
+			continue;
+		}
+		pthread_mutex_unlock(&d->lock);
+	}
+	pthread_mutex_unlock(&mf->lru_lock);
 }
 
 /*

@@ -10,9 +10,31 @@
  * the pages are charged at a later charge that does (the bytes stay
  * counted): the budget is never passed.
  */
+#include <string.h>
+
 #include "internal.h"
 
+/* Metadata may take this share of the budget (1/2^n) before idle data
+ * files' indexes are given back: more keeps more files ready to read, less
+ * leaves more for file data. */
+#define META_SHARE_SHIFT 3
+
 static pthread_mutex_t meta_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* What a zfile's index and geometry take. */
+long zfile_meta_bytes(const struct zfile *f)
+{
+	long n = (long)sizeof(*f) + (long)strlen(f->path) + 1 +
+		 (long)f->idx.nframes * (long)sizeof(*f->idx.frames);
+
+	if (f->starts)
+		n += (long)(f->nslots + 1) * (long)sizeof(*f->starts);
+	if (f->slot_frame)
+		n += (long)f->nslots *
+		     (long)(sizeof(*f->slot_frame) + sizeof(*f->slot_skip));
+	return n + (long)sizeof(struct mapping) +
+	       (long)(f->nslots ? f->nslots : 1) * (long)sizeof(void *);
+}
 
 /* bytes > 0: objects made; < 0: freed. */
 void meta_charge(struct dataset *ds, long bytes)
@@ -37,4 +59,9 @@ void meta_charge(struct dataset *ds, long bytes)
 		atomic_store(&ds->meta_pages, want);
 	}
 	pthread_mutex_unlock(&meta_lock);
+	/* over its share: the manifest's idle data files go first */
+	if (bytes > 0 && ds->mf &&
+	    total > (counter_max(&root->mem) << ZF_PAGE_SHIFT) >> META_SHARE_SHIFT)
+		manifest_shrink(ds, (counter_max(&root->mem) << ZF_PAGE_SHIFT) >>
+					    (META_SHARE_SHIFT + 1));
 }

@@ -69,7 +69,7 @@ struct packer {
 	int error;
 	/* totals */
 	uint64_t total_in, done_in, bytes_out, total_files, done_files;
-	unsigned long files, dirs, links, others, hardlinks;
+	unsigned long files, dirs, links, others, hardlinks, deduped;
 	struct timespec t0, last_draw;
 	/* tree layout: directories whose times are set last, deepest first */
 	char **dirpaths;

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "mkzfolio.h"
 
@@ -34,6 +35,13 @@
  * seek tables to read at open */
 #define PACK_BYTES (64ull << 20)
 #define HARDLINK_BUCKETS 4096
+/* small files remembered for deduplication: a bounded table, so packing a
+ * million files takes no more memory; a file whose slot was taken again is
+ * only stored twice */
+#define DEDUP_BITS 18
+/* the manifest is small and read often, written once: a high level costs
+ * the pack little and shrinks it (its parent paths repeat) */
+#define MANIFEST_LEVEL 15
 
 /* A hard-linked file met before: its inode number and data. */
 struct hardlink {
@@ -43,6 +51,12 @@ struct hardlink {
 	uint64_t inum;
 	uint64_t data_id, data_off;
 	bool has_data;
+};
+
+/* A small file's content seen before: the same bytes are stored once. */
+struct dedup {
+	XXH128_hash_t hash;
+	uint64_t size, id, off;
 };
 
 /* Where an entry's bytes are. */
@@ -73,6 +87,7 @@ struct packed {
 	uint8_t *zbuf;
 	size_t zcap;
 	struct hardlink *links[HARDLINK_BUCKETS];
+	struct dedup *dedup; /* 1 << DEDUP_BITS slots */
 };
 
 /* --- the manifest --- */
@@ -101,7 +116,7 @@ static void manifest_flush(struct packed *p)
 		if (!p->zbuf)
 			die("out of memory");
 	}
-	c = zseek_compress_frame(p->cctx, p->pk->level, p->lines,
+	c = zseek_compress_frame(p->cctx, MANIFEST_LEVEL, p->lines,
 				 p->lines_len, p->zbuf, p->zcap, &ck);
 	if (ZSTD_isError(c) || p->lines_len > UINT32_MAX)
 		die("%s/%s: compression failed", p->dst_path, ZMF_NAME);
@@ -244,11 +259,33 @@ static void pack_close(struct packed *p)
 	p->pack = NULL;
 }
 
-/* A small file's bytes into the pack: where they are. */
+/*
+ * A small file with the same bytes, packed before: by size and XXH3-128 of
+ * the content (the chance that two different files share both is about
+ * 2^-128 a pair).  The slot is taken for this file if it is new.
+ */
+static bool dedup_find(struct packed *p, const uint8_t *buf, size_t size,
+		       struct place_in_data *d, struct dedup **slot)
+{
+	XXH128_hash_t h = XXH3_128bits(buf, size);
+	struct dedup *e = &p->dedup[h.low64 >> (64 - DEDUP_BITS)];
+
+	*slot = e;
+	if (e->size == size && XXH128_isEqual(e->hash, h)) {
+		*d = (struct place_in_data){true, e->id, e->off};
+		return true;
+	}
+	e->hash = h;
+	e->size = size;
+	return false;
+}
+
+/* A small file's bytes into the pack (once): where they are. */
 static struct place_in_data pack_append(struct packed *p, int fd,
 					size_t size, const char *spath)
 {
 	struct place_in_data d = {true, 0, 0};
+	struct dedup *slot;
 
 	if (p->pack && p->pack_flushed + p->frame_len + size > PACK_BYTES)
 		pack_close(p);
@@ -262,6 +299,12 @@ static struct place_in_data pack_append(struct packed *p, int fd,
 	d.id = p->pack_id;
 	d.off = p->pack_flushed + p->frame_len;
 	read_all(fd, p->frame + p->frame_len, size, spath);
+	if (dedup_find(p, p->frame + p->frame_len, size, &d, &slot)) {
+		p->pk->deduped++;
+		return d; /* stored before: the bytes read are dropped */
+	}
+	slot->id = d.id;
+	slot->off = d.off;
 	p->frame_len += size;
 	return d;
 }
@@ -474,7 +517,8 @@ static void packed_open(struct packed *p, struct packer *pk,
 		die("%s: %s", dst->path, strerror(errno));
 	p->frame = malloc(pk->frame);
 	p->cctx = ZSTD_createCCtx();
-	if (!p->frame || !p->cctx)
+	p->dedup = calloc(1u << DEDUP_BITS, sizeof(*p->dedup));
+	if (!p->frame || !p->cctx || !p->dedup)
 		die("out of memory");
 }
 
@@ -490,6 +534,7 @@ static void packed_close(struct packed *p)
 	close(p->datafd);
 	ZSTD_freeCCtx(p->cctx);
 	free(p->frame);
+	free(p->dedup);
 	free(p->lines);
 	free(p->zbuf);
 	free(p->mframes);
