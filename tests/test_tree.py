@@ -155,23 +155,36 @@ def nofile(n):
     return set_limit
 
 
+def timed(what, t0):
+    """With ZF_TREE_TIMES set (bench/manyfiles), say how long a step took."""
+    if os.environ.get("ZF_TREE_TIMES"):
+        print("%-28s %8.1f s" % (what, time.time() - t0), flush=True)
+    return time.time()
+
+
 def check_many(mnt, files, nentries, budget, pid, sample):
     """find, ls -lR, du, random files byte-exact; RSS bounded."""
     watch = RssWatch(pid)
+    t = time.time()
     try:
         r = subprocess.run("find . | wc -l", shell=True, cwd=mnt, capture_output=True,
                            text=True)
         check(r.returncode == 0 and int(r.stdout) == nentries + 1,
               "find | wc -l: %s, want %d" % (r.stdout.strip(), nentries + 1))
-        r = subprocess.run(["ls", "-lR", mnt], capture_output=True, text=True)
+        t = timed("find | wc -l", t)
+        r = subprocess.run("ls -lR . > /dev/null", shell=True, cwd=mnt,
+                           capture_output=True, text=True)
         check(r.returncode == 0 and not r.stderr, "ls -lR: " + r.stderr[:300])
+        t = timed("ls -lR", t)
         r = subprocess.run(["du", "-s", mnt], capture_output=True, text=True)
         check(r.returncode == 0, "du -s: " + r.stderr[:300])
+        t = timed("du -s", t)
         rnd = random.Random(7)
         for rel in rnd.sample(sorted(files), min(sample, len(files))):
             size, seed = files[rel]
             with open(os.path.join(mnt, rel), "rb") as f:
                 check(f.read() == text_bytes(size, seed), "content of " + rel)
+        t = timed("%d random files read" % min(sample, len(files)), t)
     finally:
         peak = watch.done()
     print("daemon VmRSS peak %.1f MiB" % (peak / 2**20))
@@ -186,10 +199,14 @@ def test_many():
     with tmpdir() as d:
         src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
         os.makedirs(src)
+        t = time.time()
         files = gen_many(src, n, 1)
+        t = timed("generate %d entries" % n, t)
         pack(src, dst)
+        t = timed("mkzfolio", t)
         with Mount(dst, mnt, "budget=64M", preexec=nofile(256), timeout=60) as m:
-            check_many(mnt, files, n, 64 << 20, m.pid, 2000)
+            check_many(mnt, files, n, 64 << 20, m.pid,
+                       10000 if n >= 1000000 else 2000)
 
 
 def test_foreign():
