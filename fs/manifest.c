@@ -366,32 +366,53 @@ struct seek_call {
 	bool exact;
 };
 
+/* A line's key, unescaped into kp/kn (PATH_MAX and NAME_MAX + 1 bytes). */
+static int line_key(const char *line, size_t n, char *kp, size_t *plen,
+		    char *kn, size_t *nlen)
+{
+	const char *t1 = memchr(line, '\t', n), *t2;
+	ssize_t a, b;
+
+	if (!t1 || !(t2 = memchr(t1 + 1, '\t', n - (size_t)(t1 + 1 - line))))
+		return -EBADMSG;
+	if ((size_t)(t1 - line) >= 4 * PATH_MAX ||
+	    (size_t)(t2 - t1 - 1) >= 4 * (NAME_MAX + 1))
+		return -EBADMSG;
+	a = zmf_unescape(line, (size_t)(t1 - line), kp);
+	b = zmf_unescape(t1 + 1, (size_t)(t2 - t1 - 1), kn);
+	if (a < 0 || b < 0 || (size_t)a >= PATH_MAX || (size_t)b > NAME_MAX)
+		return -EBADMSG;
+	*plen = (size_t)a;
+	*nlen = (size_t)b;
+	return 0;
+}
+
 static int seek_in_frame(const char *p, size_t len, void *arg)
 {
 	struct seek_call *c = arg;
-	struct mf_entry *e = malloc(sizeof(*e));
+	/* escapes at most quadruple: room for the escaped forms' worst */
+	char *kp = malloc(4 * PATH_MAX), *kn = malloc(4 * (NAME_MAX + 1));
 	const char *line, *end = p + len;
-	size_t n;
-	int r = 0;
+	size_t n, plen, nlen;
+	int r = kp && kn ? 0 : -ENOMEM;
 
-	if (!e)
-		return -ENOMEM;
-	for (c->k = 0; p < end; c->k++, p = line + n + 1) {
+	for (c->k = 0; !r && p < end; c->k++, p = line + n + 1) {
 		int cmp;
 
 		if (!nth_line(p, (size_t)(end - p), 0, &line, &n) ||
-		    parse_entry(line, n, e)) {
+		    line_key(line, n, kp, &plen, kn, &nlen)) {
 			r = -EBADMSG;
 			break;
 		}
-		cmp = zmf_key_cmp(e->parent, e->plen, e->name, e->nlen,
-				  c->parent, c->plen, c->name, c->nlen);
+		cmp = zmf_key_cmp(kp, plen, kn, nlen, c->parent, c->plen,
+				  c->name, c->nlen);
 		if (cmp >= 0) {
 			c->exact = cmp == 0;
 			break;
 		}
 	}
-	free(e);
+	free(kp);
+	free(kn);
 	return r;
 }
 
@@ -651,57 +672,97 @@ int manifest_readlink(struct dataset *ds, fuse_ino_t ino, char *buf,
 	return r;
 }
 
-/* Every entry of directory ino, with its attributes. */
+/* A growing listing. */
+struct listing {
+	const char *path;
+	size_t plen;
+	struct dir_entry *v;
+	size_t n, cap;
+	uint64_t index;   /* the next entry to look at */
+	bool done;        /* met an entry of another directory */
+	struct mf_entry *e;
+};
+
+static int listing_add(struct listing *l, const struct mf_entry *e)
+{
+	struct dir_entry *d;
+
+	if (l->n == l->cap) {
+		struct dir_entry *nv;
+
+		l->cap = l->cap ? l->cap * 2 : 64;
+		nv = realloc(l->v, l->cap * sizeof(*l->v));
+		if (!nv)
+			return -ENOMEM;
+		l->v = nv;
+	}
+	d = &l->v[l->n];
+	d->name = strdup(e->name);
+	d->st = malloc(sizeof(*d->st));
+	if (!d->name || !d->st) {
+		free(d->name);
+		free(d->st);
+		return -ENOMEM;
+	}
+	d->type = e->st.st_mode & S_IFMT;
+	d->ino = e->st.st_ino;
+	d->decode = false;
+	*d->st = e->st;
+	l->n++;
+	return 0;
+}
+
+/* The listing's entries in one frame, from l->index on. */
+static int list_in_frame(const char *p, size_t len, void *arg)
+{
+	struct listing *l = arg;
+	unsigned int k = (unsigned int)(l->index % ZMF_FRAME_ENTRIES);
+	const char *line, *end = p + len;
+	size_t n;
+	int r;
+
+	if (!nth_line(p, len, k, &line, &n))
+		return -EBADMSG;
+	for (; line < end; line += n + 1, l->index++) {
+		if (!nth_line(line, (size_t)(end - line), 0, &line, &n))
+			break;
+		r = parse_entry(line, n, l->e);
+		if (r)
+			return r;
+		if (zmf_path_cmp(l->e->parent, l->e->plen, l->path, l->plen)) {
+			l->done = true;
+			return 0;
+		}
+		r = listing_add(l, l->e);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/* Every entry of directory ino, with its attributes: one pass a frame. */
 int manifest_list(struct dataset *ds, fuse_ino_t ino, struct dir_entry **out,
 		  size_t *count)
 {
 	char *path = malloc(PATH_MAX);
-	struct mf_entry *e = malloc(sizeof(*e));
-	struct dir_entry *v = NULL;
-	size_t plen, n = 0, cap = 0;
-	uint64_t i;
+	struct listing l = {.path = path, .e = malloc(sizeof(struct mf_entry))};
 	bool exact;
-	int r = path && e ? dir_path(ds, ino, path, PATH_MAX, &plen) : -ENOMEM;
+	int r = path && l.e ? dir_path(ds, ino, path, PATH_MAX, &l.plen)
+			    : -ENOMEM;
 
 	if (!r)
-		r = mf_seek(ds, path, plen, "", 0, &i, &exact);
-	for (; !r && i < ds->mf->nentries; i++) {
-		r = mf_entry_at(ds, i, e);
-		if (r || zmf_path_cmp(e->parent, e->plen, path, plen))
-			break;
-		if (n == cap) {
-			struct dir_entry *nv;
-
-			cap = cap ? cap * 2 : 64;
-			nv = realloc(v, cap * sizeof(*v));
-			if (!nv) {
-				r = -ENOMEM;
-				break;
-			}
-			v = nv;
-		}
-		v[n].name = strdup(e->name);
-		v[n].type = e->st.st_mode & S_IFMT;
-		v[n].ino = e->st.st_ino;
-		v[n].decode = false;
-		v[n].st = malloc(sizeof(*v[n].st));
-		if (!v[n].name || !v[n].st) {
-			free(v[n].name);
-			free(v[n].st);
-			r = -ENOMEM;
-			break;
-		}
-		*v[n].st = e->st;
-		n++;
-	}
+		r = mf_seek(ds, path, l.plen, "", 0, &l.index, &exact);
+	while (!r && !l.done && l.index < ds->mf->nentries)
+		r = mf_frame(ds, (uint32_t)(l.index / ZMF_FRAME_ENTRIES),
+			     list_in_frame, &l);
 	free(path);
-	free(e);
+	free(l.e);
 	if (r) {
-		dataset_list_free(v, n);
+		dataset_list_free(l.v, l.n);
 		return r;
 	}
-	*out = v;
-	*count = n;
+	*out = l.v;
+	*count = l.n;
 	return 0;
 }
 

@@ -113,15 +113,21 @@ static void fill_entry(struct dataset *ds, struct znode *n,
 	e->entry_timeout = is_ctl(n) ? 0 : ds->attr_timeout;
 }
 
+/*
+ * A manifest never changes under the mount: the kernel may keep its names
+ * and attributes as long as it likes (a tree's inodes may change, 1 s).
+ */
+#define MANIFEST_TIMEOUT (24 * 3600.0)
+
 /* A manifest inode's entry: its node id is its inode number. */
-static void fill_manifest_entry(struct dataset *ds, struct fuse_entry_param *e,
+static void fill_manifest_entry(struct fuse_entry_param *e,
 				const struct stat *st)
 {
 	memset(e, 0, sizeof(*e));
 	e->ino = st->st_ino;
 	e->attr = *st;
-	e->attr_timeout = ds->attr_timeout;
-	e->entry_timeout = ds->attr_timeout;
+	e->attr_timeout = MANIFEST_TIMEOUT;
+	e->entry_timeout = MANIFEST_TIMEOUT;
 }
 
 /* Is this lookup the manifest's (not the control directory's)? */
@@ -149,7 +155,7 @@ static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 			fuse_reply_err(req, -err);
 			return;
 		}
-		fill_manifest_entry(ds, &e, &st);
+		fill_manifest_entry(&e, &st);
 		fuse_reply_entry(req, &e);
 		return;
 	}
@@ -205,7 +211,7 @@ static void zf_getattr(fuse_req_t req, fuse_ino_t ino,
 		if (err)
 			fuse_reply_err(req, -err);
 		else
-			fuse_reply_attr(req, &st, ds->attr_timeout);
+			fuse_reply_attr(req, &st, MANIFEST_TIMEOUT);
 		return;
 	}
 	n = znode_of(ds, ino);
@@ -289,7 +295,7 @@ static void plus_entry(struct dataset *ds, fuse_ino_t dir,
 	int err;
 
 	if (d->st) {
-		fill_manifest_entry(ds, e, d->st);
+		fill_manifest_entry(e, d->st);
 		return;
 	}
 	n = dataset_lookup(ds, znode_of(ds, dir), d->name, &err);
@@ -573,11 +579,15 @@ static void zf_release(fuse_req_t req, fuse_ino_t ino,
 	fuse_reply_err(req, 0);
 }
 
+/*
+ * Nothing is ever dirty, so nothing to flush: ENOSYS tells the kernel so
+ * once, and it sends no more FLUSH at close (one round trip less a file).
+ */
 static void zf_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)ino;
 	(void)fi;
-	fuse_reply_err(req, 0);
+	fuse_reply_err(req, ENOSYS);
 }
 
 /* The dataset's size and entries, nothing free: see usage.c. */
@@ -596,22 +606,24 @@ static void zf_statfs(fuse_req_t req, fuse_ino_t ino)
 	fuse_reply_statfs(req, &sv);
 }
 
+/*
+ * No extended attributes: ENOSYS, once, and the kernel answers EOPNOTSUPP
+ * itself from then on (ls -l asks for ACLs of every file otherwise).
+ */
 static void zf_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 			size_t size)
 {
 	(void)ino;
 	(void)name;
 	(void)size;
-	fuse_reply_err(req, ENODATA);
+	fuse_reply_err(req, ENOSYS);
 }
 
 static void zf_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	(void)ino;
-	if (size == 0)
-		fuse_reply_xattr(req, 0);
-	else
-		fuse_reply_buf(req, NULL, 0);
+	(void)size;
+	fuse_reply_err(req, ENOSYS);
 }
 
 /* Everything that would change the tree. */
