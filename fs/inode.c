@@ -104,6 +104,7 @@ struct znode *znode_new(enum znode_kind kind, const char *path)
 	pthread_mutex_init(&n->lock, NULL);
 	atomic_init(&n->nlookup, 0);
 	cds_lfht_node_init(&n->hnode);
+	CDS_INIT_LIST_HEAD(&n->file_lru);
 	return n;
 }
 
@@ -211,6 +212,9 @@ void znode_forget(struct dataset *ds, struct znode *n, uint64_t nlookup)
 	cds_lfht_del(ds->inodes, &n->hnode);
 	meta_charge(ds, -(long)(sizeof(*n) + strlen(n->path) + 1));
 	/* the kernel sends nothing more for it: its file can go now */
+	pthread_mutex_lock(&ds->file_lru_lock);
+	cds_list_del_init(&n->file_lru);
+	pthread_mutex_unlock(&ds->file_lru_lock);
 	pthread_mutex_lock(&n->lock);
 	f = n->file;
 	n->file = NULL;
@@ -386,8 +390,49 @@ int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 		mapping_get(f->mapping);
 	}
 	pthread_mutex_unlock(&n->lock);
+	if (!r) { /* the most recently used goes last */
+		pthread_mutex_lock(&ds->file_lru_lock);
+		cds_list_del(&n->file_lru);
+		cds_list_add_tail(&n->file_lru, &ds->file_lru);
+		pthread_mutex_unlock(&ds->file_lru_lock);
+	}
 	*out = f;
 	return r;
+}
+
+/*
+ * The inode shrinker's counterpart for a tree: drop the index (and the
+ * cached data) of files nobody has open, least recently used first, until
+ * metadata is down to target bytes.  The inode stays; its file is indexed
+ * again when next opened.
+ */
+void inodes_shrink(struct dataset *ds, long target)
+{
+	struct znode *n, *tmp;
+
+	pthread_mutex_lock(&ds->file_lru_lock);
+	cds_list_for_each_entry_safe(n, tmp, &ds->file_lru, file_lru) {
+		struct zfile *f = NULL;
+
+		if (atomic_load(&ds->meta_bytes) <= target)
+			break;
+		if (pthread_mutex_trylock(&n->lock))
+			continue;
+		/* only the inode holds it: no handle is open on it */
+		if (n->file && atomic_load(&n->file->mapping->refcount) == 1) {
+			f = n->file;
+			n->file = NULL;
+			cds_list_del_init(&n->file_lru);
+		}
+		pthread_mutex_unlock(&n->lock);
+		if (!f)
+			continue;
+		pthread_mutex_unlock(&ds->file_lru_lock);
+		zfile_put(f); /* uncharges its metadata */
+		pthread_mutex_lock(&ds->file_lru_lock);
+		tmp = cds_list_entry(ds->file_lru.next, struct znode, file_lru);
+	}
+	pthread_mutex_unlock(&ds->file_lru_lock);
 }
 
 /*

@@ -138,6 +138,7 @@ struct znode {
 	struct group *group;
 	int ctl_id;
 	struct znode *ctl_next; /* on ds->ctl_nodes */
+	struct cds_list_head file_lru; /* on ds->file_lru while file is set */
 };
 
 struct zhandle {
@@ -186,6 +187,9 @@ struct dataset {
 	double attr_timeout;
 	pthread_mutex_t handles_lock;
 	struct cds_list_head handles; /* open handles, see ops.c */
+	/* a tree's inodes with an index, oldest use first (inode.c) */
+	pthread_mutex_t file_lru_lock;
+	struct cds_list_head file_lru;
 	/* what df shows, counted once (usage.c) */
 	pthread_mutex_t usage_lock;
 	bool usage_known;
@@ -269,6 +273,8 @@ void meta_charge(struct dataset *ds, long bytes);
 long zfile_meta_bytes(const struct zfile *f);
 /* manifest.c: give back idle data files' indexes, oldest first */
 void manifest_shrink(struct dataset *ds, long target_bytes);
+/* inode.c: the same for a tree's inodes */
+void inodes_shrink(struct dataset *ds, long target_bytes);
 
 /* fdcache.c: backing fds, bounded */
 void fd_cache_init(struct fd_cache *c, unsigned int max_open);

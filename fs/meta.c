@@ -40,7 +40,7 @@ long zfile_meta_bytes(const struct zfile *f)
 void meta_charge(struct dataset *ds, long bytes)
 {
 	struct group *root = &ds->cache.budget.root;
-	long total, want, have;
+	long total, want, have, limit;
 
 	total = atomic_fetch_add(&ds->meta_bytes, bytes) + bytes;
 	want = (long)pages_of_bytes(total > 0 ? (uint64_t)total : 0);
@@ -59,9 +59,11 @@ void meta_charge(struct dataset *ds, long bytes)
 		atomic_store(&ds->meta_pages, want);
 	}
 	pthread_mutex_unlock(&meta_lock);
-	/* over its share: the manifest's idle data files go first */
-	if (bytes > 0 && ds->mf &&
-	    total > (counter_max(&root->mem) << ZF_PAGE_SHIFT) >> META_SHARE_SHIFT)
-		manifest_shrink(ds, (counter_max(&root->mem) << ZF_PAGE_SHIFT) >>
-					    (META_SHARE_SHIFT + 1));
+	/* over its share: idle files' indexes go, down to half of it */
+	limit = (counter_max(&root->mem) << ZF_PAGE_SHIFT) >> META_SHARE_SHIFT;
+	if (bytes > 0 && total > limit) {
+		if (ds->mf)
+			manifest_shrink(ds, limit / 2);
+		inodes_shrink(ds, limit / 2);
+	}
 }

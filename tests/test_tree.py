@@ -228,6 +228,19 @@ def test_foreign():
                        check=True)
         with Mount(src, mnt, "budget=64M", preexec=nofile(256), timeout=60) as m:
             check_many(mnt, files, n + 30, 64 << 20, m.pid, 1000)
+        # a small budget: indexes of files no one has open are dropped,
+        # so metadata stays within its share (an eighth) of the budget
+        with Mount(src, mnt, "budget=4M", preexec=nofile(256), timeout=60) as m:
+            for rel in files:  # the inodes: the kernel holds them
+                os.stat(os.path.join(mnt, rel))
+            listed = m.stat()["slab_reclaimable"]
+            for rel, (size, seed) in sorted(files.items()):
+                with open(os.path.join(mnt, rel), "rb") as f:
+                    check(f.read() == text_bytes(size, seed), "content of " + rel)
+            grown = m.stat()["slab_reclaimable"] - listed
+            check(listed > 0 and grown <= (4 << 20) // 8 + (64 << 10),
+                  "indexes grew metadata by %d bytes, over an eighth of the "
+                  "budget" % grown)
 
 
 if __name__ == "__main__":
