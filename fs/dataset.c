@@ -509,7 +509,7 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	if (r)
 		return r;
 	ds->root = znode_new(ZN_DIR, ".");
-	if (!ds->root || inodes_init(ds)) {
+	if (!ds->root) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}

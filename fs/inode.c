@@ -62,6 +62,11 @@ static bool nlookup_get(struct znode *n)
 	return false;
 }
 
+/*
+ * The table's resize worker is a thread: made after the daemon forks into
+ * the background (fuse_daemonize), or the daemon's copy would wait for a
+ * worker it does not have.
+ */
 int inodes_init(struct dataset *ds)
 {
 	ds->inodes = cds_lfht_new(INODES_INIT_BUCKETS, INODES_INIT_BUCKETS, 0,
@@ -70,7 +75,11 @@ int inodes_init(struct dataset *ds)
 	return ds->inodes ? 0 : -ENOMEM;
 }
 
-/* At unmount, from a registered thread: no reader is left. */
+/*
+ * At unmount, from a registered, online thread: no reader is left.  The
+ * table's destruction waits for its resize worker, which may wait for a
+ * grace period: the caller goes offline for it.
+ */
 void inodes_fini(struct dataset *ds)
 {
 	struct cds_lfht_node *hn;
@@ -84,7 +93,9 @@ void inodes_fini(struct dataset *ds)
 		cds_lfht_del(ds->inodes, hn);
 		znode_free(caa_container_of(hn, struct znode, hnode));
 	}
+	cache_thread_offline();
 	cds_lfht_destroy(ds->inodes, NULL);
+	cache_thread_online();
 	ds->inodes = NULL;
 }
 

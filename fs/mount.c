@@ -526,7 +526,9 @@ static int serve(struct daemon *d)
 			  .ring = d->opt.backing_io == BACKING_URING};
 
 	fuse_daemonize(d->opt.foreground);
-	if (cache_start(&d->ds.cache) || loop_start(&lp, d->opt.threads)) {
+	/* threads only after the fork: the daemon's copy has none of them */
+	if (inodes_init(&d->ds) || cache_start(&d->ds.cache) ||
+	    loop_start(&lp, d->opt.threads)) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
 		fuse_session_unmount(d->se);
 		return -1;

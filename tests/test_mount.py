@@ -7,6 +7,7 @@
 import errno
 import os
 import random
+import signal
 import stat
 import subprocess
 import sys
@@ -215,9 +216,29 @@ def test_fstab():
                 check(int(f.read()) == 64 << 20, "budget=64M")
             opts = [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == mnt][0]
             check("nosuid" in opts and "nodev" in opts, "nosuid,nodev by default: " + opts)
+            # the daemon in the background, found by its dataset
+            pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and
+                    os.path.exists("/proc/%s/cmdline" % p) and
+                    dst.encode() in open("/proc/%s/cmdline" % p, "rb").read()]
+            check(len(pids) == 1, "the daemon's process: %s" % pids)
+            # names looked up: the inode table has entries to free at exit
+            for i in range(20):
+                os.stat(mnt + "/.zfolio/memory.stat")
         finally:
             subprocess.run(["umount", mnt], capture_output=True)
         check(not is_mounted(mnt), "still mounted")
+        # a daemonized mount ends when it is unmounted
+        deadline = time.time() + 10
+        while os.path.exists("/proc/%d" % pids[0]) and time.time() < deadline:
+            with open("/proc/%d/stat" % pids[0]) as f:
+                if f.read().split()[2] == "Z":
+                    break
+            time.sleep(0.05)
+        alive = os.path.exists("/proc/%d" % pids[0]) and \
+            open("/proc/%d/stat" % pids[0]).read().split()[2] != "Z"
+        if alive:
+            os.kill(pids[0], signal.SIGKILL)
+        check(not alive, "the background daemon did not exit after umount")
 
 
 def test_foreign():
