@@ -573,8 +573,12 @@ int main(int argc, char **argv)
 	zlog_init(d.opt.foreground);
 	raise_fd_limit();
 	backing_faults_from_env();
-	/* folio buffers come and go: give big ones back to the system */
-	mallopt(M_MMAP_THRESHOLD, 64 << 10);
+	/*
+	 * Folio buffers come and go: from 16 KiB up they are mapped and given
+	 * back whole when freed, so the cache's churn leaves no fragmented
+	 * heap behind (a manifest's frames are about 25 KiB each).
+	 */
+	mallopt(M_MMAP_THRESHOLD, 16 << 10);
 	mallopt(M_TRIM_THRESHOLD, 1 << 20);
 	d.ds_open = true;
 	if (dataset_open(&d.ds, &d.opt, err, sizeof(err))) {
