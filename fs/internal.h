@@ -337,7 +337,8 @@ int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
 	      size_t len);
 
 /* log.c: why a file reads as EIO, once per file and reason */
-void zlog_init(bool foreground);
+enum zlog_to { ZLOG_STDERR, ZLOG_SYSLOG, ZLOG_NONE };
+void zlog_init(enum zlog_to to);
 void zlog_file(const char *what, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 

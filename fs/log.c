@@ -24,15 +24,15 @@
 #define LOG_SEEN_BITS 12
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool log_to_syslog;
+static enum zlog_to log_to = ZLOG_STDERR;
 static uint64_t seen[1u << LOG_SEEN_BITS];
 static time_t period_start;
 static unsigned int period_count, held_back;
 
-void zlog_init(bool foreground)
+void zlog_init(enum zlog_to to)
 {
-	log_to_syslog = !foreground;
-	if (log_to_syslog)
+	log_to = to;
+	if (to == ZLOG_SYSLOG)
 		openlog("zfolio", LOG_PID, LOG_DAEMON);
 }
 
@@ -75,9 +75,9 @@ static bool may_say(void)
 
 static void say(const char *line)
 {
-	if (log_to_syslog)
+	if (log_to == ZLOG_SYSLOG)
 		syslog(LOG_WARNING, "%s", line);
-	else
+	else if (log_to == ZLOG_STDERR)
 		fprintf(stderr, "zfolio: %s\n", line);
 }
 

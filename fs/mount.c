@@ -570,7 +570,7 @@ int main(int argc, char **argv)
 	}
 	if (check_args(&d))
 		goto out;
-	zlog_init(d.opt.foreground);
+	zlog_init(d.opt.foreground ? ZLOG_STDERR : ZLOG_SYSLOG);
 	raise_fd_limit();
 	backing_faults_from_env();
 	/*

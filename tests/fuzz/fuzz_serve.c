@@ -49,6 +49,7 @@ static void setup(void)
 
 	if (!mkdtemp(dir))
 		abort();
+	zlog_init(ZLOG_NONE); /* the reasons, for every input, are noise here */
 	options_defaults(&opt);
 	opt.dataset = strdup(dir);
 	opt.budget = BUDGET;
