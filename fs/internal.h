@@ -13,6 +13,7 @@
 #include <fuse_lowlevel.h>
 #include <liburing.h>
 #include <stdatomic.h>
+#include <limits.h>
 #include <stdio.h>
 #include <sys/stat.h>
 
@@ -253,7 +254,57 @@ void dataset_list_free(struct dir_entry *e, size_t n);
 int dataset_readlink(struct dataset *ds, struct znode *n, char *buf,
 		     size_t len);
 
-/* manifest.c: a dataset served from its manifest */
+/* mfread.c and manifest.c: a dataset served from its manifest */
+/* A frame's first key, unescaped: parent then name. */
+struct mf_key {
+	size_t plen, nlen;
+	char s[]; /* plen bytes of parent, nlen of name */
+};
+
+/* One data file's state: opened when one of its files is. */
+struct mf_data {
+	pthread_mutex_t lock;
+	struct zfile *f;
+	struct cds_list_head lru; /* on mf->lru while f is set */
+};
+
+struct manifest {
+	struct zfile *zf;        /* manifest.zst */
+	uint64_t nentries;
+	uint32_t nframes;        /* the entries', then the header's */
+	uint32_t ndata;
+	uint64_t bytes;          /* content served, for statfs */
+	struct stat root;        /* the root's attributes */
+	struct mf_key *_Atomic *keys; /* per frame, NULL until read */
+	struct mf_data *data;
+	pthread_mutex_t lru_lock;
+	struct cds_list_head lru;     /* open data files, oldest use first */
+};
+
+/* What a frame callback gets: one frame's text, pinned while it runs. */
+typedef int (*mf_frame_fn)(const char *p, size_t len, void *arg);
+
+
+/* An entry, parsed: what the ops need. */
+struct mf_entry {
+	uint64_t index;
+	struct stat st;
+	uint64_t data_id, data_off; /* regular files with data */
+	bool has_data;
+	char name[NAME_MAX + 1];
+	char target[PATH_MAX];      /* symlinks */
+	char parent[PATH_MAX];      /* the directory's path */
+	size_t plen, nlen;
+};
+
+int mf_frame(struct dataset *ds, uint32_t frame, mf_frame_fn fn, void *arg);
+bool nth_line(const char *p, size_t len, unsigned int k, const char **line,
+	      size_t *n);
+int parse_entry(const char *line, size_t len, struct mf_entry *e);
+int mf_entry_at(struct dataset *ds, uint64_t i, struct mf_entry *e);
+int mf_seek(struct dataset *ds, const char *parent, size_t plen,
+	    const char *name, size_t nlen, uint64_t *index, bool *exact);
+
 int manifest_open(struct dataset *ds, char *err, size_t errlen);
 void manifest_close(struct dataset *ds);
 bool manifest_ino(const struct dataset *ds, fuse_ino_t ino);

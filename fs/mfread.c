@@ -1,0 +1,389 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Reading the manifest: its frames through the cache, its lines, its
+ * entries by index, and the binary search by key over the frames' first
+ * keys (each read once, when first needed, kept and charged).  What the
+ * ops make of it is in manifest.c.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+struct frame_call {
+	mf_frame_fn fn;
+	void *arg;
+	int ret;
+};
+
+static int frame_reply(void *arg, const struct iovec *iov, int cnt)
+{
+	struct frame_call *c = arg;
+
+	if (!iov)
+		c->ret = cnt ? cnt : -EBADMSG; /* an error, or empty */
+	else if (cnt != 1)
+		c->ret = -EBADMSG; /* a manifest frame is one folio */
+	else
+		c->ret = c->fn(iov[0].iov_base, iov[0].iov_len, c->arg);
+	return 0;
+}
+
+/* Hand frame f's text to fn, through the cache. */
+int mf_frame(struct dataset *ds, uint32_t frame, mf_frame_fn fn,
+		    void *arg)
+{
+	struct manifest *mf = ds->mf;
+	struct mapping *m = mf->zf->mapping;
+	struct worker *w = current_worker;
+	struct frame_call c = {fn, arg, -EIO};
+	struct ra_request *r;
+
+	if (frame >= m->nr_folios)
+		return -ENOENT;
+	r = w ? &w->rq : malloc(sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	ra_request_init(r, m, NULL, &ds->cache.budget.root, w,
+			mapping_folio_pos(m, frame), mapping_folio_len(m, frame),
+			false);
+	r->rq.internal = true;
+	cache_read(&r->rq, frame_reply, &c);
+	if (!w)
+		free(r);
+	return c.ret;
+}
+
+/* Line k of a frame's text: its start and length (without the newline). */
+bool nth_line(const char *p, size_t len, unsigned int k,
+		     const char **line, size_t *n)
+{
+	const char *end = p + len, *nl;
+
+	for (; k; k--) {
+		nl = memchr(p, '\n', (size_t)(end - p));
+		if (!nl)
+			return false;
+		p = nl + 1;
+	}
+	nl = memchr(p, '\n', (size_t)(end - p));
+	if (!nl)
+		return false;
+	*line = p;
+	*n = (size_t)(nl - p);
+	return true;
+}
+
+static mode_t type_mode(char t)
+{
+	switch (t) {
+	case 'f': return S_IFREG;
+	case 'd': return S_IFDIR;
+	case 'l': return S_IFLNK;
+	case 'c': return S_IFCHR;
+	case 'b': return S_IFBLK;
+	case 'p': return S_IFIFO;
+	case 's': return S_IFSOCK;
+	default: return 0;
+	}
+}
+
+static int field_octal(const struct zmf_line *l, enum zmf_field f,
+		       uint64_t *v)
+{
+	uint64_t x = 0;
+
+	if (!l->len[f] || l->len[f] > 8)
+		return -EBADMSG;
+	for (size_t i = 0; i < l->len[f]; i++) {
+		if (l->f[f][i] < '0' || l->f[f][i] > '7')
+			return -EBADMSG;
+		x = x * 8 + (uint64_t)(l->f[f][i] - '0');
+	}
+	*v = x;
+	return 0;
+}
+
+static int unescape_into(const struct zmf_line *l, enum zmf_field f,
+			 char *out, size_t cap, size_t *n)
+{
+	ssize_t r;
+
+	if (l->len[f] >= cap * 4) /* escapes at most quadruple */
+		return -EBADMSG;
+	if (l->len[f] >= cap) {
+		char *tmp = malloc(l->len[f]);
+
+		if (!tmp)
+			return -ENOMEM;
+		r = zmf_unescape(l->f[f], l->len[f], tmp);
+		if (r >= 0 && (size_t)r < cap)
+			memcpy(out, tmp, (size_t)r);
+		free(tmp);
+		if (r >= 0 && (size_t)r >= cap)
+			return -EBADMSG;
+	} else {
+		r = zmf_unescape(l->f[f], l->len[f], out);
+	}
+	if (r < 0)
+		return (int)r;
+	out[r] = '\0';
+	*n = (size_t)r;
+	return 0;
+}
+
+/* The numbers of a line into st. */
+static int parse_stat(const struct zmf_line *l, struct stat *st)
+{
+	uint64_t mode, uid, gid, size, ino, nlink, rdev;
+	int64_t ms, as;
+	long mns, ans;
+	mode_t type;
+
+	if (l->len[ZMF_TYPE] != 1 || !(type = type_mode(l->f[ZMF_TYPE][0])) ||
+	    field_octal(l, ZMF_MODE, &mode) || zmf_number(l, ZMF_UID, &uid) ||
+	    zmf_number(l, ZMF_GID, &gid) || zmf_number(l, ZMF_SIZE, &size) ||
+	    zmf_time(l, ZMF_MTIME, &ms, &mns) ||
+	    zmf_time(l, ZMF_ATIME, &as, &ans) ||
+	    zmf_number(l, ZMF_INO, &ino) || zmf_number(l, ZMF_NLINK, &nlink) ||
+	    zmf_number(l, ZMF_RDEV, &rdev) || size > ZSEEK_MAX_CONTENT)
+		return -EBADMSG;
+	memset(st, 0, sizeof(*st));
+	st->st_mode = type | (mode_t)(mode & 07777);
+	st->st_uid = (uid_t)uid;
+	st->st_gid = (gid_t)gid;
+	st->st_size = (off_t)size;
+	st->st_mtim.tv_sec = ms;
+	st->st_mtim.tv_nsec = mns;
+	st->st_atim.tv_sec = as;
+	st->st_atim.tv_nsec = ans;
+	st->st_ctim = st->st_mtim;
+	st->st_ino = ino;
+	st->st_nlink = nlink;
+	st->st_rdev = rdev;
+	st->st_blksize = ZSEEK_DEFAULT_FRAME;
+	st->st_blocks = (blkcnt_t)((size + 511) / 512);
+	return 0;
+}
+
+/* A whole entry line into e. */
+int parse_entry(const char *line, size_t len, struct mf_entry *e)
+{
+	struct zmf_line l;
+	size_t tn;
+	int r = zmf_split(line, len, &l);
+
+	if (!r)
+		r = parse_stat(&l, &e->st);
+	if (!r)
+		r = unescape_into(&l, ZMF_NAME_F, e->name, sizeof(e->name),
+				  &e->nlen);
+	if (!r)
+		r = unescape_into(&l, ZMF_PARENT, e->parent, sizeof(e->parent),
+				  &e->plen);
+	if (!r)
+		r = unescape_into(&l, ZMF_TARGET, e->target, sizeof(e->target),
+				  &tn);
+	if (r)
+		return r;
+	r = zmf_data(&l, &e->data_id, &e->data_off);
+	e->has_data = r == 0;
+	return r < 0 ? r : 0;
+}
+
+struct line_call {
+	unsigned int k;
+	struct mf_entry *e;
+};
+
+static int entry_in_frame(const char *p, size_t len, void *arg)
+{
+	struct line_call *c = arg;
+	const char *line;
+	size_t n;
+
+	if (!nth_line(p, len, c->k, &line, &n))
+		return -EBADMSG;
+	return parse_entry(line, n, c->e);
+}
+
+/* Entry index i of the manifest. */
+int mf_entry_at(struct dataset *ds, uint64_t i, struct mf_entry *e)
+{
+	struct line_call c = {(unsigned int)(i % ZMF_FRAME_ENTRIES), e};
+
+	if (i >= ds->mf->nentries)
+		return -ENOENT;
+	e->index = i;
+	return mf_frame(ds, (uint32_t)(i / ZMF_FRAME_ENTRIES), entry_in_frame,
+			&c);
+}
+
+/* --- the first keys of frames, for binary search --- */
+
+static int key_of_frame(const char *p, size_t len, void *arg)
+{
+	struct mf_key **out = arg;
+	struct mf_entry *e = malloc(sizeof(*e));
+	const char *line;
+	size_t n;
+	int r = -EBADMSG;
+
+	if (!e)
+		return -ENOMEM;
+	if (nth_line(p, len, 0, &line, &n) && parse_entry(line, n, e) == 0) {
+		*out = malloc(sizeof(**out) + e->plen + e->nlen);
+		r = *out ? 0 : -ENOMEM;
+		if (*out) {
+			(*out)->plen = e->plen;
+			(*out)->nlen = e->nlen;
+			memcpy((*out)->s, e->parent, e->plen);
+			memcpy((*out)->s + e->plen, e->name, e->nlen);
+		}
+	}
+	free(e);
+	return r;
+}
+
+/* Frame f's first key, read once and kept (charged as metadata). */
+static const struct mf_key *frame_key(struct dataset *ds, uint32_t f)
+{
+	struct manifest *mf = ds->mf;
+	struct mf_key *k = atomic_load_explicit(&mf->keys[f],
+						 memory_order_acquire);
+	struct mf_key *expected = NULL;
+
+	if (k)
+		return k;
+	if (mf_frame(ds, f, key_of_frame, &k))
+		return NULL;
+	/* release: the key's bytes before its pointer; a loser frees its own */
+	if (!atomic_compare_exchange_strong_explicit(
+		    &mf->keys[f], &expected, k, memory_order_acq_rel,
+		    memory_order_acquire)) {
+		free(k);
+		return expected;
+	}
+	meta_charge(ds, (long)(sizeof(*k) + k->plen + k->nlen));
+	return k;
+}
+
+static int key_cmp(const struct mf_key *k, const char *parent, size_t plen,
+		   const char *name, size_t nlen)
+{
+	return zmf_key_cmp(k->s, k->plen, k->s + k->plen, k->nlen, parent,
+			   plen, name, nlen);
+}
+
+/*
+ * The last entry frame whose first key is <= (parent, name): 0, 1 if the
+ * key is before every frame, or -EIO.
+ */
+static int frame_of_key(struct dataset *ds, const char *parent, size_t plen,
+			const char *name, size_t nlen, uint32_t *frame)
+{
+	uint32_t lo = 0, hi = ds->mf->nframes - 1; /* [lo, hi): entry frames */
+	bool found = false;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		const struct mf_key *k = frame_key(ds, mid);
+
+		if (!k)
+			return -EIO;
+		if (key_cmp(k, parent, plen, name, nlen) <= 0) {
+			*frame = mid;
+			found = true;
+			lo = mid + 1;
+		} else {
+			hi = mid;
+		}
+	}
+	return found ? 0 : 1;
+}
+
+/* The first entry at or after (parent, name) in frame f: its line number,
+ * or ZMF_FRAME_ENTRIES if every entry of f is before it. */
+struct seek_call {
+	const char *parent, *name;
+	size_t plen, nlen;
+	unsigned int k;
+	bool exact;
+};
+
+/* A line's key, unescaped into kp/kn (PATH_MAX and NAME_MAX + 1 bytes). */
+static int line_key(const char *line, size_t n, char *kp, size_t *plen,
+		    char *kn, size_t *nlen)
+{
+	const char *t1 = memchr(line, '\t', n), *t2;
+	ssize_t a, b;
+
+	if (!t1 || !(t2 = memchr(t1 + 1, '\t', n - (size_t)(t1 + 1 - line))))
+		return -EBADMSG;
+	if ((size_t)(t1 - line) >= 4 * PATH_MAX ||
+	    (size_t)(t2 - t1 - 1) >= 4 * (NAME_MAX + 1))
+		return -EBADMSG;
+	a = zmf_unescape(line, (size_t)(t1 - line), kp);
+	b = zmf_unescape(t1 + 1, (size_t)(t2 - t1 - 1), kn);
+	if (a < 0 || b < 0 || (size_t)a >= PATH_MAX || (size_t)b > NAME_MAX)
+		return -EBADMSG;
+	*plen = (size_t)a;
+	*nlen = (size_t)b;
+	return 0;
+}
+
+static int seek_in_frame(const char *p, size_t len, void *arg)
+{
+	struct seek_call *c = arg;
+	/* escapes at most quadruple: room for the escaped forms' worst */
+	char *kp = malloc(4 * PATH_MAX), *kn = malloc(4 * (NAME_MAX + 1));
+	const char *line, *end = p + len;
+	size_t n, plen, nlen;
+	int r = kp && kn ? 0 : -ENOMEM;
+
+	for (c->k = 0; !r && p < end; c->k++, p = line + n + 1) {
+		int cmp;
+
+		if (!nth_line(p, (size_t)(end - p), 0, &line, &n) ||
+		    line_key(line, n, kp, &plen, kn, &nlen)) {
+			r = -EBADMSG;
+			break;
+		}
+		cmp = zmf_key_cmp(kp, plen, kn, nlen, c->parent, c->plen,
+				  c->name, c->nlen);
+		if (cmp >= 0) {
+			c->exact = cmp == 0;
+			break;
+		}
+	}
+	free(kp);
+	free(kn);
+	return r;
+}
+
+/*
+ * The index of the first entry at or after (parent, name): *exact if it
+ * is that entry.  nentries if there is none.
+ */
+int mf_seek(struct dataset *ds, const char *parent, size_t plen,
+		   const char *name, size_t nlen, uint64_t *index, bool *exact)
+{
+	struct seek_call c = {parent, name, plen, nlen, 0, false};
+	uint32_t f = 0;
+	int r = frame_of_key(ds, parent, plen, name, nlen, &f);
+
+	*exact = false;
+	if (r) { /* before the first entry, or an error */
+		*index = 0;
+		return r < 0 ? r : 0;
+	}
+	r = mf_frame(ds, f, seek_in_frame, &c);
+	if (r)
+		return r;
+	*index = (uint64_t)f * ZMF_FRAME_ENTRIES + c.k;
+	if (*index > ds->mf->nentries)
+		*index = ds->mf->nentries;
+	*exact = c.exact;
+	return 0;
+}
