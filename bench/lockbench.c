@@ -43,8 +43,12 @@ static int sub_read_into(struct mapping *m, void *c, unsigned long i,
 	return 0;
 }
 
-static const struct mapping_ops ops = {sub_submit, sub_fill, sub_finish,
-				       sub_read_into, NULL};
+static const struct mapping_ops ops = {
+	.submit = sub_submit,
+	.fill = sub_fill,
+	.finish = sub_finish,
+	.read_into = sub_read_into,
+};
 
 static int copy16(void *arg, const struct iovec *iov, int cnt)
 {

@@ -26,13 +26,22 @@ int cache_init(struct cache *c, const struct cache_config *cfg)
 	c->ra_ops = NULL;
 	c->lockless = cfg->lockless;
 	atomic_init(&c->deferred_pages, 0);
+	fill_pool_init(&c->fills, cfg->fill_threads);
 	return budget_init(&c->budget, &cfg->budget, &cache_budget_ops, c);
 }
 
-/* The cache's own thread: the budget's reclaimer (memory.high). */
+/* The cache's own threads: the budget's reclaimer (memory.high), fills. */
 int cache_start(struct cache *c)
 {
-	return budget_start_reclaimer(&c->budget);
+	int r = budget_start_reclaimer(&c->budget);
+
+	return r ? r : fill_pool_start(&c->fills);
+}
+
+/* No request is left: the fill threads finish what they claimed, and go. */
+void cache_stop(struct cache *c)
+{
+	fill_pool_stop(&c->fills);
 }
 
 /*
@@ -41,6 +50,7 @@ int cache_start(struct cache *c)
  */
 void cache_destroy(struct cache *c)
 {
+	cache_stop(c);
 	budget_stop_reclaimer(&c->budget);
 	cache_barrier();
 	budget_destroy(&c->budget);

@@ -20,6 +20,7 @@
 #ifndef ZF_CACHE_H
 #define ZF_CACHE_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -108,12 +109,17 @@ struct fill_batch {
 	unsigned int nr;
 	struct folio **folios;
 	void *fs_priv; /* the filesystem's state for this batch */
+	bool serial;   /* set by submit(): fill in order, on one thread */
 };
 
 /*
  * The mirror of address_space_operations.
  *  - submit(): start reading the backing data of every folio in the batch
  *    (one batch of I/O, adjacent frames coalesced).
+ *  - wait_io(): wait for every backing read of the batch (optional).
+ *    Called by the thread that submitted it; after it, fill() does no I/O
+ *    on that thread's context and may run on any thread, several at once
+ *    for different folios (unless submit() set b->serial).
  *  - fill(): wait for folio i's data, decode it into folio->data (len
  *    bytes); 0 or a negative errno.  Called once per folio, any order.
  *  - finish(): release what submit() took.
@@ -123,6 +129,7 @@ struct fill_batch {
  */
 struct mapping_ops {
 	int (*submit)(struct fill_batch *b);
+	void (*wait_io)(struct fill_batch *b);
 	int (*fill)(struct fill_batch *b, unsigned int i);
 	void (*finish)(struct fill_batch *b);
 	int (*read_into)(struct mapping *m, void *io_ctx, unsigned long index,
@@ -199,9 +206,11 @@ struct cache_ra_ops {
 	/* The reader reached a folio with the readahead marker. */
 	void (*async_ra)(struct read_req *rq, struct folio *f,
 			 unsigned long last);
-	/* Complete the request's deferred window work: after the reply, and
-	 * before the request sleeps on another's folio. */
+	/* Complete the request's deferred window work, after the reply. */
 	void (*finish)(struct read_req *rq);
+	/* The request is about to sleep on another's folio: fill what only
+	 * it would fill (its deferred folios no fill thread can take). */
+	void (*unblock)(struct read_req *rq);
 	/* A speculative folio read for the first time. */
 	void (*folio_used)(struct folio *f);
 	/* A speculative folio evicted unread (called under the LRU lock,
@@ -213,9 +222,36 @@ struct cache_ra_ops {
 
 typedef int (*cache_reply_fn)(void *arg, const struct iovec *iov, int cnt);
 
+/*
+ * A batch's folios to fill, claimed one by one by the worker that read
+ * them and by the cache's fill threads (fillpool.c).  order[] lists batch
+ * positions, the request's own (ndemand of them) first.
+ */
+struct fill_work {
+	struct fill_batch *b;
+	unsigned int *order;
+	unsigned int nr, ndemand;
+	atomic_uint next;  /* order[next] is the next to claim */
+	atomic_uint left;  /* folios not filled, + 1 for the owner */
+	void (*done)(struct fill_work *w); /* all filled, owner gone */
+	struct cds_list_head link; /* on the pool's queue (under its lock) */
+	bool queued;       /* on the queue (under its lock) */
+	bool shared;       /* the fill threads may claim from it */
+};
+
+struct fill_pool {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct cds_list_head queue; /* works with folios left to claim */
+	unsigned int want, nthreads;
+	pthread_t *threads;
+	bool stop;
+};
+
 struct cache_config {
 	struct budget_config budget;
 	bool lockless;
+	unsigned int fill_threads; /* 0: every fill on the worker */
 };
 
 struct cache {
@@ -223,6 +259,7 @@ struct cache {
 	const struct cache_ra_ops *ra_ops;
 	bool lockless;
 	atomic_long deferred_pages; /* hot data waiting for a grace period */
+	struct fill_pool fills;
 };
 
 static inline struct cache *cache_of_group(struct group *g)
@@ -234,6 +271,7 @@ static inline struct cache *cache_of_group(struct group *g)
 /* cache.c: lifetime of the cache and of mappings, and their geometry */
 int cache_init(struct cache *c, const struct cache_config *cfg);
 int cache_start(struct cache *c);
+void cache_stop(struct cache *c);
 void cache_destroy(struct cache *c);
 struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
 			       void *host, uint64_t size,
@@ -255,6 +293,19 @@ struct folio *folio_lookup(struct mapping *m, unsigned long index);
 void folio_put(struct folio *f);
 int folio_insert(struct mapping *m, struct folio *f);
 void folio_fill_done(struct folio *f, int err);
+
+/* fillpool.c: a batch's fills on every core */
+void fill_work_init(struct fill_work *w, struct fill_batch *b,
+		    unsigned int *order, unsigned int nr, unsigned int ndemand,
+		    void (*done)(struct fill_work *w));
+/* Let the fill threads claim from w: false if there are none (or w has
+ * only one folio), and the owner fills everything itself. */
+bool fill_work_share(struct cache *c, struct fill_work *w);
+/* Claim one folio (of the request's own only, or any) and fill it: false
+ * if none was left to claim. */
+bool fill_work_run(struct fill_work *w, bool demand_only);
+/* The owner is done with w: done() runs once nothing is left to fill. */
+void fill_work_put(struct fill_work *w);
 
 /* rcu.c: workers' grace-period states (liburcu QSBR) */
 void cache_thread_register(void);

@@ -11,6 +11,11 @@
 
 #include "cache.h"
 
+/* fillpool.c */
+void fill_pool_init(struct fill_pool *p, unsigned int nthreads);
+int fill_pool_start(struct fill_pool *p);
+void fill_pool_stop(struct fill_pool *p);
+
 /* folio.c */
 bool folio_try_get(struct folio *f);
 void folio_unlock(struct folio *f);

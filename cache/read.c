@@ -197,7 +197,7 @@ static int read_wait_fill(struct read_req *rq, struct folio *f)
 	 * they may be waiting for ours.
 	 */
 	if (ops)
-		ops->finish(rq);
+		ops->unblock(rq);
 	/*
 	 * And sleep RCU-offline, never holding up a grace period that the
 	 * folio's filler may be waiting for: so the lockless folios must be

@@ -78,6 +78,8 @@ void text_json_string(struct text *t, const char *s);
 	X(BOUNCE_READS, "bounce_reads", event,                                 \
 	  "reads served uncached from a bounce buffer")                        \
 	X(FOLIOS_READ, "folios_read", event, "folios filled from backing")     \
+	X(SHARED_FILLS, "shared_fills", event,                                 \
+	  "folios filled by decode threads beside the worker that read them") \
 	X(BACKING_BYTES, "backing_bytes", event, "bytes read from backing")    \
 	X(DECOMP_BYTES, "decompressed_bytes", event, "bytes decompressed")     \
 	X(CACHE_HITS, "cache_hits", event, "folio lookups that hit")           \

@@ -286,6 +286,9 @@ static int zfile_submit(struct fill_batch *b)
 	io->fd_held = true;
 	if (f->idx.kind == ZSEEK_RAW)
 		return submit_raw(b, f, io);
+	/* split frames are streamed: one stream per file, read forwards */
+	for (unsigned int i = 0; i < b->nr && !b->serial; i++)
+		b->serial = b->folios[i] && slot_split(f, b->start + i);
 	for (unsigned int i = 0; i < b->nr; i++)
 		if (batch_frame(b, f, i))
 			total += batch_frame(b, f, i)->c_size;
@@ -312,7 +315,11 @@ static int zfile_submit(struct fill_batch *b)
 	return 0;
 }
 
-/* Wait until run k has completed; finish a short read by pread. */
+/*
+ * Wait until run k has completed; finish a short read by pread.  The
+ * result is final after the first call (r->res: the length, or -errno), so
+ * later calls, from any thread, only read it.
+ */
 static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 {
 	struct ring_read *r = &io->runs[k];
@@ -321,6 +328,8 @@ static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 		ring_wait(io->ring, r);
 	if (!r->done)
 		return -EIO;
+	if (r->res >= 0 && (uint64_t)r->res == r->len)
+		return 0;
 	if (r->res < 0 && io->dontcache[k] &&
 	    (r->res == -EOPNOTSUPP || r->res == -EINVAL)) {
 		/* uncached reads refused here: plain reads from now on */
@@ -333,33 +342,55 @@ static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 		uint64_t got = (uint64_t)r->res;
 		ssize_t n = fd_read(f, r->dst + got, r->len - got, r->off + got);
 
-		if (n < 0)
-			return (int)n;
-		r->res = (int)(got + (uint64_t)n);
-		if ((uint64_t)r->res < r->len)
-			return -EIO; /* the file is shorter than its index */
+		r->res = n < 0 ? (int)n : (int)(got + (uint64_t)n);
+		if (r->res >= 0 && (uint64_t)r->res < r->len)
+			r->res = -EIO; /* the file is shorter than its index */
+		if (r->res < 0)
+			return r->res;
 	}
 	return 0;
 }
 
-/* A thread that is not a worker (the main one, at mount) decodes too. */
-static __thread ZSTD_DCtx *thread_dctx;
-
-static void thread_dctx_free(void)
+/* Every read of the batch in, by the worker whose ring they are on. */
+static void zfile_wait_io(struct fill_batch *b)
 {
-	ZSTD_freeDCtx(thread_dctx);
-	thread_dctx = NULL;
+	struct batch_io *io = b->fs_priv;
+
+	for (unsigned int k = 0; io && k < io->nruns; k++)
+		run_wait(b->mapping->host, io, k);
 }
 
+/*
+ * A thread that is not a worker (the main one at mount, the cache's fill
+ * threads) has a decoder of its own, freed when the thread ends.
+ */
+static pthread_key_t dctx_key;
+static pthread_once_t dctx_once = PTHREAD_ONCE_INIT;
+
+static void dctx_free(void *d)
+{
+	ZSTD_freeDCtx(d);
+}
+
+static void dctx_key_init(void)
+{
+	pthread_key_create(&dctx_key, dctx_free);
+}
+
+/* This thread's decoder: a fill may run on a fill thread, not io_ctx's. */
 static ZSTD_DCtx *dctx_of(void *io_ctx)
 {
-	struct worker *w = io_ctx ? io_ctx : current_worker;
+	struct worker *w = current_worker;
+	ZSTD_DCtx *d;
 
+	(void)io_ctx;
 	if (w)
 		return w->dctx;
-	if (!thread_dctx && (thread_dctx = ZSTD_createDCtx()))
-		atexit(thread_dctx_free);
-	return thread_dctx;
+	pthread_once(&dctx_once, dctx_key_init);
+	d = pthread_getspecific(dctx_key);
+	if (!d && (d = ZSTD_createDCtx()))
+		pthread_setspecific(dctx_key, d);
+	return d;
 }
 
 /* Free f's stream and give back its window; f's stream lock is held. */
@@ -606,6 +637,7 @@ static void zfile_release(struct mapping *m)
 
 const struct mapping_ops zfile_mapping_ops = {
 	.submit = zfile_submit,
+	.wait_io = zfile_wait_io,
 	.fill = zfile_fill,
 	.finish = zfile_finish,
 	.read_into = zfile_read_into,

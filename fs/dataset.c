@@ -475,6 +475,7 @@ static int start_engine(struct dataset *ds, const struct options *opt)
 			.reclaim_headroom = opt->ra_reclaim == RA_RECLAIM_BATCH,
 		},
 		.lockless = opt->lockless,
+		.fill_threads = opt->decode_threads,
 	};
 	struct ra_config rc = {
 		.ra_pages = opt->ra_kb / 4,
@@ -539,6 +540,8 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 /* After the workers are gone; safe on a dataset_open() that failed. */
 void dataset_close(struct dataset *ds)
 {
+	if (ds->cache.budget.by_id)
+		cache_stop(&ds->cache); /* fills in flight hold mappings */
 	cache_thread_register(); /* the inode table wants an RCU thread */
 	if (ds->handles.next)
 		handles_free_all(ds);

@@ -36,6 +36,7 @@ struct options {
 	uint64_t group_max;
 	uint64_t group_high;
 	unsigned int threads;
+	unsigned int decode_threads; /* OPT_UINT_AUTO: the cores */
 	unsigned int max_open;
 	unsigned int ra_kb;
 	unsigned int kernel_ra_kb; /* OPT_UINT_AUTO: 4 with cache=engine */

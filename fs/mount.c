@@ -476,6 +476,8 @@ static int check_args(struct daemon *d)
 	cores = sysconf(_SC_NPROCESSORS_ONLN);
 	if (!o->threads)
 		o->threads = (unsigned int)(cores > 0 ? 2 * cores : 2);
+	if (o->decode_threads == OPT_UINT_AUTO)
+		o->decode_threads = (unsigned int)(cores > 0 ? cores : 1);
 	o->foreground = d->fopts.foreground;
 	o->mountpoint = d->fopts.mountpoint;
 	return 0;

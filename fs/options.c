@@ -33,6 +33,10 @@ const struct opt_desc opt_table[] = {
 	 1ull << 42},
 	{"threads", OPT_UINT, OFF(threads), "0",
 	 "worker threads (0: twice the cores)", NULL, 0, 256},
+	{"decode_threads", OPT_UINT, OFF(decode_threads), "auto",
+	 "threads that decode a readahead window's frames beside the worker "
+	 "that read it (auto: one per core; 0: the worker decodes alone)",
+	 NULL, 0, 256},
 	{"max_open", OPT_UINT, OFF(max_open), "0",
 	 "backing files kept open at once, least recently used closed first "
 	 "(0: half the open-file limit)", NULL, 0, 1u << 24},

@@ -14,10 +14,13 @@
  *    retry; stop the window if that fails too.
  *
  * Every new folio enters its slot locked, and the whole window's backing
- * reads go out in one batch (ops->submit).  The folios the request needs are
- * filled at once; the others after the reply (ra_finish), when their
- * waiters, if any, are woken.  Another reader that needs a folio in flight
- * waits for it, so no frame is ever read twice at the same time.
+ * reads go out in one batch (ops->submit).  Once they are in, the window's
+ * folios are shared with the cache's fill threads (cache/fillpool.c): the
+ * worker fills the ones the request needs and replies; the others are
+ * filled by the fill threads and, after the reply, by the worker too
+ * (ra_finish).  With no fill threads the worker fills them all, the rest
+ * after the reply.  Another reader that needs a folio in flight waits for
+ * it, so no frame is ever read twice at the same time.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -27,9 +30,11 @@
 /* A window's folios in flight, filled after the reply. */
 struct ra_pending {
 	struct fill_batch b;
+	struct fill_work work;
 	unsigned long demand_first, demand_last;
 	unsigned long spec_pages; /* speculative pages brought in */
 	struct ra_pending *next;
+	unsigned int *order; /* the work's list, after folios[] */
 	struct folio *folios[];
 };
 
@@ -117,10 +122,12 @@ static struct ra_pending *pending_alloc(struct read_req *rq,
 					unsigned long demand_last)
 {
 	unsigned int nr = (unsigned int)(last - first + 1);
-	struct ra_pending *p = calloc(1, sizeof(*p) + nr * sizeof(p->folios[0]));
+	struct ra_pending *p = calloc(1, sizeof(*p) + nr * (sizeof(p->folios[0]) +
+							 sizeof(p->order[0])));
 
 	if (!p)
 		return NULL;
+	p->order = (unsigned int *)&p->folios[nr];
 	p->b.mapping = rq->mapping;
 	p->b.io_ctx = rq->io_ctx;
 	p->b.start = first;
@@ -220,21 +227,49 @@ static void window_count(struct ra_request *r, const struct ra_pending *p)
 		 (long)p->spec_pages);
 }
 
-/* Fill the request's own folios now; -EIO if the one it waits for failed. */
+static void pending_done(struct fill_work *w)
+{
+	pending_free(caa_container_of(w, struct ra_pending, work));
+}
+
+/*
+ * The window's folios as a fill work, the request's own first; shared with
+ * the fill threads unless the filesystem must fill them in order.
+ */
+static void window_share(struct ra_pending *p)
+{
+	struct mapping *m = p->b.mapping;
+	unsigned int n = 0, ndemand;
+
+	for (unsigned int i = 0; i < p->b.nr; i++)
+		if (p->folios[i] && in_demand(p, p->b.start + i))
+			p->order[n++] = i;
+	ndemand = n;
+	for (unsigned int i = 0; i < p->b.nr; i++)
+		if (p->folios[i] && !in_demand(p, p->b.start + i))
+			p->order[n++] = i;
+	fill_work_init(&p->work, &p->b, p->order, n, ndemand, pending_done);
+	if (p->b.serial)
+		return;
+	if (m->ops->wait_io)
+		m->ops->wait_io(&p->b);
+	fill_work_share(m->cache, &p->work);
+}
+
+/*
+ * Fill the request's own folios now (those a fill thread took, readers
+ * wait for); -EIO if the one it needs failed.
+ */
 static int window_fill_demand(struct ra_pending *p)
 {
-	int ret = 0;
+	struct folio *f = NULL;
 
-	for (unsigned int i = 0; i < p->b.nr; i++) {
-		if (!p->folios[i] || !in_demand(p, p->b.start + i))
-			continue;
-		if (cache_fill_batch(&p->b, i) &&
-		    p->b.start + i == p->demand_first)
-			ret = -EIO;
-		folio_put(p->folios[i]);
-		p->folios[i] = NULL;
-	}
-	return ret;
+	while (fill_work_run(&p->work, true))
+		;
+	if (p->demand_first >= p->b.start &&
+	    p->demand_first - p->b.start < p->b.nr)
+		f = p->folios[p->demand_first - p->b.start];
+	return f && folio_test(f, FOLIO_ERROR) ? -EIO : 0;
 }
 
 /*
@@ -269,13 +304,10 @@ static int window_read(struct ra_request *r, unsigned long first,
 		pending_free(p);
 		return nomem ? -ENOMEM : 0;
 	}
+	window_share(p);
 	ret = window_fill_demand(p);
-	if (p->spec_pages) {
-		p->next = r->pending;
-		r->pending = p;
-	} else {
-		pending_free(p);
-	}
+	p->next = r->pending;
+	r->pending = p;
 	return nomem ? -ENOMEM : ret;
 }
 
@@ -311,7 +343,10 @@ int ra_window(struct read_req *rq, const struct ra_plan *pl,
 			   demand_last);
 }
 
-/* After the reply: fill the speculative folios and wake their waiters. */
+/*
+ * After the reply: fill what is left of the request's windows, beside the
+ * fill threads, and let the windows go.
+ */
 void ra_finish(struct read_req *rq)
 {
 	struct ra_request *r = ra_req(rq);
@@ -321,12 +356,24 @@ void ra_finish(struct read_req *rq)
 	while (p) {
 		struct ra_pending *next = p->next;
 
-		for (unsigned int i = 0; i < p->b.nr; i++)
-			if (p->folios[i])
-				cache_fill_batch(&p->b, i);
-		pending_free(p);
+		while (fill_work_run(&p->work, false))
+			;
+		fill_work_put(&p->work);
 		p = next;
 	}
+}
+
+/*
+ * Before the request sleeps on another's folio: fill the folios of its
+ * windows that no fill thread will take, which that folio's filler may be
+ * waiting for.  Shared windows are left to the fill threads.
+ */
+static void ra_unblock(struct read_req *rq)
+{
+	for (struct ra_pending *p = ra_req(rq)->pending; p; p = p->next)
+		if (!p->work.shared)
+			while (fill_work_run(&p->work, false))
+				;
 }
 
 /*
@@ -400,6 +447,7 @@ static const struct cache_ra_ops ra_ops = {
 	.sync_ra = ra_sync,
 	.async_ra = ra_async,
 	.finish = ra_finish,
+	.unblock = ra_unblock,
 	.folio_used = readaround_used,
 	.folio_unused = readaround_unused,
 	.mapping_gone = readaround_free,

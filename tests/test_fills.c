@@ -1,0 +1,297 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Fill threads: a window's folios filled on every core (cache/fillpool.c).
+ * On a fake mapping, with 1, 2 and 8 fill threads: sequential readers get
+ * every byte right and every frame is filled once; a reader that needs a
+ * folio a fill thread has claimed (held back on purpose) waits for it; a
+ * damaged frame in the speculative part is EIO for its reader only; random
+ * readers on a budget much smaller than the data never see it exceeded and
+ * get every byte right; a cache stopped with work in the queue finishes it.
+ */
+#include <pthread.h>
+
+#include "fake.h"
+
+static void setup_fills(struct cache *c, unsigned long budget_pages,
+			unsigned int threads)
+{
+	struct cache_config cfg = {
+		.budget = {.max_pages = budget_pages,
+			   .high_pages = COUNTER_MAX,
+			   .group_max_pages = COUNTER_MAX,
+			   .group_high_pages = COUNTER_MAX,
+			   .reclaim_headroom = true},
+		.lockless = true,
+		.fill_threads = threads,
+	};
+	struct ra_config rc = {.ra_pages = 1024, .reclaim = RA_RECLAIM_BATCH};
+
+	CHECK_EQ(cache_init(c, &cfg), 0);
+	CHECK_EQ(cache_start(c), 0);
+	readahead_init(c, &rc);
+}
+
+static void teardown(struct cache *c)
+{
+	cache_thread_offline();
+	cache_destroy(c);
+	cache_thread_online();
+}
+
+struct seq_arg {
+	struct mapping *m;
+	struct group *g;
+	uint64_t size;
+	size_t req;
+	int bad;
+};
+
+static void *seq_reader(void *arg)
+{
+	struct seq_arg *a = arg;
+	struct file_ra_state ra;
+	struct sink s = {malloc(1 << 20), 0, 0};
+
+	cache_thread_register();
+	file_ra_init(&ra, 1024);
+	for (uint64_t pos = 0; pos < a->size; pos += a->req) {
+		read_at(a->m, &ra, a->g, pos, a->req, &s);
+		if (s.err || s.len != a->req || !bytes_ok(&s, pos))
+			a->bad++;
+	}
+	file_ra_destroy(&ra);
+	read_at_done();
+	free(s.buf);
+	cache_thread_unregister();
+	return NULL;
+}
+
+/* Two readers of one 32 MiB file, 1 MiB reads, windows up to 4 MiB. */
+static void seq_with(unsigned int threads)
+{
+	struct cache c;
+	struct mapping *m;
+	struct seq_arg a[2];
+	pthread_t t[2];
+	const uint64_t size = 256ull * FOLIO;
+
+	setup_fills(&c, 1 << 16, threads);
+	m = fake_mapping(&c, size);
+	atomic_store(&fills, 0);
+	for (int i = 0; i < 2; i++) {
+		a[i] = (struct seq_arg){m, &c.budget.root, size, 1 << 20, 0};
+		pthread_create(&t[i], NULL, seq_reader, &a[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		pthread_join(t[i], NULL);
+		CHECK_EQ(a[i].bad, 0);
+	}
+	/* the budget holds the file: no frame is read twice */
+	CHECK_EQ(atomic_load(&fills), 256);
+	/* and the fill threads took their part */
+	CHECK(stat_read(&c.budget.root, STAT_SHARED_FILLS) > 0);
+	fprintf(stderr, "  %u fill thread(s): %ld of 256 folios shared\n",
+		threads, stat_read(&c.budget.root, STAT_SHARED_FILLS));
+	mapping_put(m);
+	teardown(&c);
+}
+
+static void test_seq_1_thread(void)
+{
+	seq_with(1);
+}
+
+static void test_seq_2_threads(void)
+{
+	seq_with(2);
+}
+
+static void test_seq_8_threads(void)
+{
+	seq_with(8);
+}
+
+struct waiter_arg {
+	struct mapping *m;
+	struct group *g;
+	atomic_bool done;
+	int err;
+	bool ok;
+};
+
+static void *folio20_reader(void *arg)
+{
+	struct waiter_arg *a = arg;
+	struct sink s = {malloc(4096), 0, 0};
+
+	cache_thread_register();
+	a->err = read_at(a->m, NULL, a->g, 20ull * FOLIO + 100, 4096, &s);
+	a->ok = s.len == 4096 && bytes_ok(&s, 20ull * FOLIO + 100);
+	atomic_store(&a->done, true);
+	read_at_done();
+	free(s.buf);
+	cache_thread_unregister();
+	return NULL;
+}
+
+/* The first 2 MiB of a file, 1 MiB at a time: windows [0, 15], [16, 47]. */
+static void *two_reads(void *arg)
+{
+	struct seq_arg *a = arg;
+
+	a->size = 2 << 20;
+	a->req = 1 << 20;
+	return seq_reader(a);
+}
+
+/*
+ * A reader that needs a folio being filled (held back in its fill, by a
+ * fill thread or by the worker after its reply) sleeps until the fill is
+ * done, and does not read the frame again.
+ */
+static void test_waiter_sleeps(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct seq_arg first;
+	struct waiter_arg a = {0};
+	pthread_t t1, t2;
+
+	setup_fills(&c, 1 << 16, 2);
+	m = fake_mapping(&c, 64ull * FOLIO);
+	fake_slow_index = 20;
+	atomic_store(&fake_hold, true);
+	atomic_store(&fills, 0);
+	first = (struct seq_arg){m, &c.budget.root, 0, 0, 0};
+	pthread_create(&t1, NULL, two_reads, &first);
+	while (!atomic_load(&fake_held))
+		usleep(1000);
+	a.m = m;
+	a.g = &c.budget.root;
+	pthread_create(&t2, NULL, folio20_reader, &a);
+	usleep(50000);
+	CHECK(!atomic_load(&a.done)); /* waiting, not reading it again */
+	atomic_store(&fake_hold, false);
+	pthread_join(t2, NULL);
+	pthread_join(t1, NULL);
+	CHECK_EQ(first.bad, 0);
+	CHECK_EQ(a.err, 0);
+	CHECK(a.ok);
+	CHECK_EQ(atomic_load(&fills), 48); /* each frame once */
+	mapping_put(m);
+	teardown(&c); /* the fill threads are gone */
+	fake_slow_index = -1;
+}
+
+/* A damaged frame in a shared window: EIO there, right bytes around it. */
+static void test_bad_frame(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct file_ra_state ra;
+	struct sink s = {malloc(1 << 20), 0, 0};
+
+	setup_fills(&c, 1 << 16, 2);
+	m = fake_mapping(&c, 64ull * FOLIO);
+	file_ra_init(&ra, 1024);
+	fake_bad_index = 21;
+	for (uint64_t pos = 0; pos < 64ull * FOLIO; pos += FOLIO) {
+		int err = read_at(m, &ra, &c.budget.root, pos, FOLIO, &s);
+
+		if (pos / FOLIO == 21) {
+			CHECK_EQ(err, -EIO);
+		} else {
+			CHECK_EQ(err, 0);
+			CHECK(s.len == FOLIO && bytes_ok(&s, pos));
+		}
+	}
+	file_ra_destroy(&ra);
+	read_at_done();
+	free(s.buf);
+	mapping_put(m);
+	teardown(&c);
+	fake_bad_index = -1;
+}
+
+struct storm {
+	struct mapping *m;
+	struct group *g;
+	uint64_t size;
+	atomic_bool stop;
+	atomic_long reads, bad, over;
+	unsigned long max;
+};
+
+static void *storm_reader(void *arg)
+{
+	struct storm *st = arg;
+	struct file_ra_state ra;
+	struct sink s = {malloc(1 << 20), 0, 0};
+	unsigned long long seed = (unsigned long long)(uintptr_t)&ra | 1;
+
+	cache_thread_register();
+	file_ra_init(&ra, 1024);
+	while (!atomic_load(&st->stop)) {
+		uint64_t pos = test_rand(&seed) % st->size;
+		size_t len = 1 + test_rand(&seed) % (512 << 10);
+		int err;
+
+		if (test_rand(&seed) % 4 == 0) /* runs: readahead windows */
+			for (int k = 0; k < 8 && pos < st->size; k++) {
+				err = read_at(st->m, &ra, st->g, pos, len, &s);
+				if (err || !bytes_ok(&s, pos))
+					atomic_fetch_add(&st->bad, 1);
+				pos += len;
+			}
+		err = read_at(st->m, &ra, st->g, pos, len, &s);
+		if (err || !bytes_ok(&s, pos))
+			atomic_fetch_add(&st->bad, 1);
+		if (counter_read(&st->g->mem) > (long)st->max)
+			atomic_fetch_add(&st->over, 1);
+		atomic_fetch_add(&st->reads, 1);
+	}
+	file_ra_destroy(&ra);
+	read_at_done();
+	free(s.buf);
+	cache_thread_unregister();
+	return NULL;
+}
+
+/* Four readers at random on 64 MiB with a 4 MiB budget, for two seconds. */
+static void test_storm(void)
+{
+	struct cache c;
+	struct storm st = {0};
+	pthread_t t[4];
+
+	setup_fills(&c, 1024, 8);
+	st.size = 512ull * FOLIO;
+	st.m = fake_mapping(&c, st.size);
+	st.g = &c.budget.root;
+	st.max = 1024;
+	for (int i = 0; i < 4; i++)
+		pthread_create(&t[i], NULL, storm_reader, &st);
+	usleep(2000000);
+	atomic_store(&st.stop, true);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	CHECK(atomic_load(&st.reads) > 0);
+	CHECK_EQ(atomic_load(&st.bad), 0);
+	CHECK_EQ(atomic_load(&st.over), 0);
+	mapping_put(st.m);
+	teardown(&c);
+	fprintf(stderr, "  %ld reads\n", atomic_load(&st.reads));
+}
+
+int main(void)
+{
+	cache_thread_register();
+	RUN(test_seq_1_thread);
+	RUN(test_seq_2_threads);
+	RUN(test_seq_8_threads);
+	RUN(test_waiter_sleeps);
+	RUN(test_bad_frame);
+	RUN(test_storm);
+	cache_thread_unregister();
+	return check_done();
+}
