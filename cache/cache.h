@@ -125,6 +125,9 @@ struct fill_batch {
  *  - finish(): release what submit() took.
  *  - read_into(): fill one folio's content into a plain buffer (the bounce
  *    path: the data is not cached).
+ *  - read_part(): bytes [off, off + len) of folio index into buf, when the
+ *    filesystem has them without filling the folio (data stored as it is):
+ *    0, -EAGAIN (fill the folio as usual), or a negative errno.  Optional.
  *  - release(): the mapping's last reference went.
  */
 struct mapping_ops {
@@ -134,6 +137,8 @@ struct mapping_ops {
 	void (*finish)(struct fill_batch *b);
 	int (*read_into)(struct mapping *m, void *io_ctx, unsigned long index,
 			 void *buf);
+	int (*read_part)(struct mapping *m, void *io_ctx, unsigned long index,
+			 uint32_t off, uint32_t len, void *buf);
 	void (*release)(struct mapping *m);
 };
 

@@ -16,6 +16,12 @@
  *
  * A folio that cannot be charged even after reclaim (everything pinned) is
  * read into a bounce buffer and not cached: the read is still served.
+ *
+ * A random small read of a folio that is not cached may be served from the
+ * filesystem's bytes alone (read_part), when they are stored as they are:
+ * raw data has nothing to decode, and a whole frame would be read, copied
+ * and checksummed for a few KiB.  The filesystem decides when to fill the
+ * folio instead (fs/backing.c: the second such read of a frame).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -28,6 +34,7 @@ enum read_got {
 	GOT_PINNED,   /* a reference, put after the reply */
 	GOT_LOCKLESS, /* hot: no reference, valid while RCU-online */
 	GOT_BOUNCE,   /* a private, uncached copy */
+	GOT_PART,     /* a private copy of just the bytes asked for */
 };
 
 /* read_get_folio()'s "look the slot up again", never returned further. */
@@ -131,6 +138,65 @@ static int read_bounce(struct read_req *rq, unsigned long index,
 	rq->bounce[rq->nbounce++] = f;
 	*out = f;
 	return GOT_BOUNCE;
+}
+
+/*
+ * Whether folio i's part [from, to) may be read on its own: a read of less
+ * than the folio, all in it, that does not continue the previous read of
+ * its file (so no readahead is due), for a reader and not a page-cache
+ * fill (which wants whole pages), of a folio not cached.
+ */
+static bool read_part_wanted(const struct read_req *rq, unsigned long i,
+			     bool single, uint64_t from, uint64_t to)
+{
+	const struct mapping *m = rq->mapping;
+
+	if (!m->ops->read_part || !single || rq->fill || rq->fault ||
+	    rq->internal || rq->nbounce >= READ_REQ_MAX_FOLIOS ||
+	    to - from >= mapping_folio_len(m, i))
+		return false;
+	if (rq->file && atomic_load_explicit(&rq->file->prev_pos,
+					     memory_order_relaxed) ==
+				(long long)rq->pos)
+		return false;
+	return !mapping_cached(m, i);
+}
+
+/*
+ * The bytes [from, to) of folio i alone, when the filesystem has them as
+ * they are (raw data): no folio, no decode, nothing cached.  GOT_PART, or
+ * -EAGAIN (fill the folio as usual), or -EIO.
+ */
+static int read_part(struct read_req *rq, unsigned long i, uint64_t from,
+		     uint64_t to, struct folio **out)
+{
+	struct mapping *m = rq->mapping;
+	struct folio *f = calloc(1, sizeof(*f));
+	int err;
+
+	if (!f)
+		return -EAGAIN;
+	f->len = (uint32_t)(to - from);
+	f->index = i;
+	f->mapping = m;
+	f->data = malloc(f->len ? f->len : 1);
+	err = f->data ? m->ops->read_part(m, rq->io_ctx, i, (uint32_t)from,
+					  f->len, f->data)
+		      : -EAGAIN;
+	if (err) {
+		bounce_free(f);
+		if (err == -EAGAIN)
+			return err;
+		stat_inc(rq->group, STAT_IO_ERRORS);
+		return -EIO;
+	}
+	stat_inc(rq->group, STAT_CACHE_MISSES);
+	stat_inc(rq->group, STAT_PART_READS);
+	stat_mod(rq->group, STAT_BACKING_BYTES, f->len);
+	rq->waited_io = true;
+	rq->bounce[rq->nbounce++] = f;
+	*out = f;
+	return GOT_PART;
 }
 
 static bool folio_lockless_ok(const struct folio *f)
@@ -324,13 +390,18 @@ static int read_add_folio(struct read_req *rq, unsigned long i,
 	uint64_t from = i == first ? rq->pos - fpos : 0;
 	uint64_t to = i == last ? end - fpos : mapping_folio_len(m, i);
 	struct folio *f;
-	int got = read_get_folio(rq, i, last, &f);
+	int got = -EAGAIN;
 
+	if (read_part_wanted(rq, i, first == last, from, to))
+		got = read_part(rq, i, from, to, &f);
+	if (got == -EAGAIN)
+		got = read_get_folio(rq, i, last, &f);
 	if (got < 0)
 		return got;
 	if (got == GOT_PINNED)
 		read_mark_accessed(rq, f, i == first);
-	rq->iov[rq->niov].iov_base = (char *)f->data + from;
+	rq->iov[rq->niov].iov_base = (char *)f->data + (got == GOT_PART ? 0
+								      : from);
 	rq->iov[rq->niov].iov_len = to - from;
 	rq->niov++;
 	rq->bytes += to - from;

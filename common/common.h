@@ -77,6 +77,8 @@ void text_json_string(struct text *t, const char *s);
 	  "speculative charges that failed")                                   \
 	X(BOUNCE_READS, "bounce_reads", event,                                 \
 	  "reads served uncached from a bounce buffer")                        \
+	X(PART_READS, "part_reads", event,                                     \
+	  "random small reads of raw data served from its backing bytes")     \
 	X(FOLIOS_READ, "folios_read", event, "folios filled from backing")     \
 	X(SHARED_FILLS, "shared_fills", event,                                 \
 	  "folios filled by decode threads beside the worker that read them") \

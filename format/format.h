@@ -93,6 +93,26 @@ uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos);
 ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off);
 
 /* Decode one whole frame into dst (exactly d_size bytes) and verify it. */
+/*
+ * Raw frames: content stored as it is, in raw blocks (what zstd writes for
+ * incompressible data).  ZSEEK_RAW_PROBE bytes from the frame's start (or
+ * the whole frame, if shorter) tell: zseek_raw_frame() returns 1 and sets
+ * *data_off to where the content of its first block starts, when the frame
+ * header states fr's content size and the first block is raw, of the full
+ * block size (or the whole content), and the sizes leave room for raw
+ * blocks only; else 0.  Content byte x of such a frame is in block
+ * k = x / ZSEEK_BLOCK, whose 3-byte header zseek_raw_block_ok() checks.
+ */
+#define ZSEEK_BLOCK ZSTD_BLOCKSIZE_MAX
+#define ZSEEK_BLOCK_HEADER 3
+#define ZSEEK_RAW_PROBE (ZSTD_FRAMEHEADERSIZE_MAX + ZSEEK_BLOCK_HEADER)
+int zseek_raw_frame(const void *probe, size_t n, const struct zseek_frame *fr,
+		    unsigned int *data_off);
+/* Where block k's header is, from the frame's start. */
+uint64_t zseek_raw_block_pos(unsigned int data_off, uint64_t k);
+/* Whether hdr is the header of raw block k of a raw frame fr. */
+bool zseek_raw_block_ok(const uint8_t hdr[ZSEEK_BLOCK_HEADER],
+			const struct zseek_frame *fr, uint64_t k);
 int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst);
 

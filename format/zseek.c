@@ -487,6 +487,48 @@ uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos)
 	return lo;
 }
 
+bool zseek_raw_block_ok(const uint8_t hdr[ZSEEK_BLOCK_HEADER],
+			const struct zseek_frame *fr, uint64_t k)
+{
+	uint32_t h = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 |
+		     (uint32_t)hdr[2] << 16;
+	uint64_t nblocks = (fr->d_size + ZSEEK_BLOCK - 1) / ZSEEK_BLOCK;
+	uint64_t size = k + 1 < nblocks ? ZSEEK_BLOCK
+					: fr->d_size - k * ZSEEK_BLOCK;
+
+	/* bit 0: last block; bits 1-2: type, 0 is raw; then the size */
+	return k < nblocks && (h & 1) == (k + 1 == nblocks) &&
+	       ((h >> 1) & 3) == 0 && (h >> 3) == size;
+}
+
+uint64_t zseek_raw_block_pos(unsigned int data_off, uint64_t k)
+{
+	return data_off - ZSEEK_BLOCK_HEADER +
+	       k * (ZSEEK_BLOCK_HEADER + (uint64_t)ZSEEK_BLOCK);
+}
+
+int zseek_raw_frame(const void *probe, size_t n, const struct zseek_frame *fr,
+		    unsigned int *data_off)
+{
+	ZSTD_frameHeader fh;
+	size_t hsize = ZSTD_frameHeaderSize(probe, n);
+	uint64_t nblocks = (fr->d_size + ZSEEK_BLOCK - 1) / ZSEEK_BLOCK;
+
+	if (ZSTD_isError(hsize) || hsize + ZSEEK_BLOCK_HEADER > n ||
+	    ZSTD_getFrameHeader(&fh, probe, n) || fh.frameType != ZSTD_frame ||
+	    fh.frameContentSize != fr->d_size || !nblocks)
+		return 0;
+	/* nothing but headers and the content itself */
+	if (hsize + nblocks * ZSEEK_BLOCK_HEADER + fr->d_size +
+		    (fh.checksumFlag ? 4 : 0) !=
+	    fr->c_size)
+		return 0;
+	if (!zseek_raw_block_ok((const uint8_t *)probe + hsize, fr, 0))
+		return 0;
+	*data_off = (unsigned int)(hsize + ZSEEK_BLOCK_HEADER);
+	return 1;
+}
+
 int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst)
 {

@@ -84,7 +84,8 @@ int zfile_build_geometry(struct zfile *f)
 		f->nslots = (unsigned long)((idx->content_size +
 					     ZSEEK_DEFAULT_FRAME - 1) /
 					    ZSEEK_DEFAULT_FRAME);
-		return 0;
+		f->parts = calloc(f->nslots ? f->nslots : 1, 1);
+		return f->parts ? 0 : -ENOMEM;
 	}
 	for (uint32_t i = 0; i < idx->nframes; i++) {
 		const struct zseek_frame *fr = &idx->frames[i];
@@ -101,11 +102,13 @@ int zfile_build_geometry(struct zfile *f)
 	}
 	f->nslots = n;
 	f->starts = calloc(n + 1, sizeof(*f->starts));
+	f->parts = calloc(n ? n : 1, 1);
 	if (split) {
 		f->slot_frame = calloc(n ? n : 1, sizeof(*f->slot_frame));
 		f->slot_skip = calloc(n ? n : 1, sizeof(*f->slot_skip));
 	}
-	if (!f->starts || (split && (!f->slot_frame || !f->slot_skip)))
+	if (!f->starts || !f->parts ||
+	    (split && (!f->slot_frame || !f->slot_skip)))
 		return -ENOMEM;
 	for (uint32_t i = 0; i < idx->nframes; i++) {
 		const struct zseek_frame *fr = &idx->frames[i];
@@ -615,6 +618,127 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
 	return r;
 }
 
+/*
+ * Part reads (cache/read.c: a random small read of a folio not cached).
+ * Raw data has nothing to decode: a plain file's bytes are its content,
+ * and a frame of raw blocks (zstd's choice for incompressible data) holds
+ * its content as it is, after a header per block.  Such a read fetches
+ * just its bytes from the backing file, at their computed offset, straight
+ * into the reply's buffer.  What it verifies: the frame header (its
+ * content size) and the header of the block read (raw, of the right size);
+ * the frame's checksum only when the frame is read whole.  The first part
+ * read of a frame reads its first ZSEEK_RAW_PROBE bytes once to learn
+ * that; a frame with compressed blocks is then filled as usual.  A folio
+ * read in part twice is filled the next time: it is being reused, and
+ * belongs in the cache.
+ */
+enum {
+	PART_KNOWN = 0x80, /* the probe was made */
+	PART_RAW = 0x40,   /* raw blocks; PART_OFF is where the content is */
+	PART_SEEN = 0x20,  /* read in part once already */
+	PART_OFF = 0x1f,
+};
+
+/* What frame fr of f is: PART_KNOWN | PART_RAW | offset, or PART_KNOWN. */
+static int part_probe(struct zfile *f, const struct zseek_frame *fr)
+{
+	uint8_t probe[ZSEEK_RAW_PROBE];
+	size_t want = fr->c_size < sizeof(probe) ? fr->c_size : sizeof(probe);
+	ssize_t n = fd_read(f, probe, want, fr->c_off);
+	unsigned int off;
+
+	if (n < 0)
+		return (int)n;
+	if (!zseek_raw_frame(probe, (size_t)n, fr, &off) || off > PART_OFF)
+		return PART_KNOWN;
+	return PART_KNOWN | PART_RAW | (int)off;
+}
+
+/* Content [x, x + len) of raw frame fr, whose first block's data is at off. */
+static int part_read_raw(struct zfile *f, const struct zseek_frame *fr,
+			 unsigned int off, uint32_t x, uint32_t len, void *buf)
+{
+	uint64_t k = x / ZSEEK_BLOCK;
+	uint64_t hdr = fr->c_off + zseek_raw_block_pos(off, k);
+	ssize_t n;
+
+	if ((x + len - 1) / ZSEEK_BLOCK != k)
+		return -EAGAIN; /* across a block header */
+	if (k) { /* the first block's header was probed; this one is not */
+		uint8_t h[ZSEEK_BLOCK_HEADER];
+
+		n = fd_read(f, h, sizeof(h), hdr);
+		if (n != (ssize_t)sizeof(h) || !zseek_raw_block_ok(h, fr, k))
+			return -EAGAIN;
+	}
+	n = fd_read(f, buf, len, hdr + ZSEEK_BLOCK_HEADER + x % ZSEEK_BLOCK);
+	if (n < 0)
+		return (int)n;
+	return (size_t)n == len ? 0 : -EIO;
+}
+
+static int part_read(struct zfile *f, struct mapping *m, unsigned long index,
+		     uint32_t off, uint32_t len, void *buf)
+{
+	uint8_t st = atomic_load_explicit(&f->parts[index],
+					  memory_order_relaxed);
+	const struct zseek_frame *fr;
+	ssize_t n;
+	int r;
+
+	if (st & PART_SEEN)
+		return -EAGAIN;
+	atomic_fetch_or_explicit(&f->parts[index], PART_SEEN,
+				 memory_order_relaxed);
+	if (f->idx.kind == ZSEEK_RAW) {
+		n = fd_read(f, buf, len, mapping_folio_pos(m, index) + off);
+		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
+	}
+	fr = &f->idx.frames[slot_frame(f, index)];
+	if (!(st & PART_KNOWN)) {
+		r = part_probe(f, fr);
+		if (r < 0)
+			return r;
+		st = (uint8_t)r;
+		atomic_fetch_or_explicit(&f->parts[index], st,
+					 memory_order_relaxed);
+	}
+	if (!(st & PART_RAW))
+		return -EAGAIN;
+	/* a slot of a split frame starts slot_skip into it */
+	return part_read_raw(f, fr, st & PART_OFF,
+			     off + (uint32_t)(f->slot_skip ? f->slot_skip[index]
+							   : 0),
+			     len, buf);
+}
+
+static int zfile_read_part(struct mapping *m, void *io_ctx,
+			   unsigned long index, uint32_t off, uint32_t len,
+			   void *buf)
+{
+	struct zfile *f = m->host;
+	uint8_t st;
+	int r;
+
+	(void)io_ctx;
+	if (!f->parts || index >= f->nslots)
+		return -EAGAIN;
+	/* a compressed frame (never smaller than its content if raw) */
+	if (f->idx.kind != ZSEEK_RAW &&
+	    f->idx.frames[slot_frame(f, index)].c_size <=
+		    f->idx.frames[slot_frame(f, index)].d_size)
+		return -EAGAIN;
+	st = atomic_load_explicit(&f->parts[index], memory_order_relaxed);
+	if ((st & PART_SEEN) || ((st & PART_KNOWN) && !(st & PART_RAW)))
+		return -EAGAIN;
+	r = zfile_fd_get(f);
+	if (r)
+		return r;
+	r = part_read(f, m, index, off, len, buf);
+	zfile_fd_put(f);
+	return r;
+}
+
 /* The mapping's last reference: the zfile goes with it. */
 static void zfile_release(struct mapping *m)
 {
@@ -630,6 +754,7 @@ static void zfile_release(struct mapping *m)
 	free(f->starts);
 	free(f->slot_frame);
 	free(f->slot_skip);
+	free(f->parts);
 	zfile_fd_release(f);
 	free(f->path);
 	free(f);
@@ -641,5 +766,6 @@ const struct mapping_ops zfile_mapping_ops = {
 	.fill = zfile_fill,
 	.finish = zfile_finish,
 	.read_into = zfile_read_into,
+	.read_part = zfile_read_part,
 	.release = zfile_release,
 };

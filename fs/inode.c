@@ -281,6 +281,7 @@ static void zfile_unindex(struct zfile *f)
 	free(f->starts);
 	free(f->slot_frame);
 	free(f->slot_skip);
+	free(f->parts);
 }
 
 /* Index f's frames, RCU-offline (it reads, and may decode unsized ones). */

@@ -105,6 +105,7 @@ struct zfile {
 	uint32_t *slot_frame;  /* NULL: folio i is frame i */
 	uint64_t *slot_skip;
 	uint32_t folio_size;   /* fixed size of every folio but the last, or 0 */
+	_Atomic uint8_t *parts; /* per folio: what part reads learned (PART_*) */
 	pthread_mutex_t stream_lock;
 	struct zseek_stream stream; /* for split frames */
 	bool stream_ready;

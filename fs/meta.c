@@ -32,6 +32,8 @@ long zfile_meta_bytes(const struct zfile *f)
 	if (f->slot_frame)
 		n += (long)f->nslots *
 		     (long)(sizeof(*f->slot_frame) + sizeof(*f->slot_skip));
+	if (f->parts)
+		n += (long)f->nslots;
 	return n + (long)sizeof(struct mapping) +
 	       (long)(f->nslots ? f->nslots : 1) * (long)sizeof(void *);
 }

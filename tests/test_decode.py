@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Decode tests: raw data read in part, windows decoded on every core.
+
+    test_decode.py parts | parallel
+"""
+import os
+import random
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zftest import *  # noqa: E402,F401,F403
+
+
+def random_small_reads(path, data, n, seed):
+    """n reads of 1..8192 bytes at random offsets, each checked; the offsets."""
+    rnd = random.Random(seed)
+    offs = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(n):
+            off = rnd.randrange(len(data))
+            size = rnd.randint(1, 8192)
+            got = os.pread(fd, size, off)
+            check(got == data[off:off + size],
+                  "%s at %d+%d: %d bytes, differ" % (path, off, size, len(got)))
+            offs.append((off, size))
+    finally:
+        os.close(fd)
+    return offs
+
+
+def reread(path, data, offs):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off, size in offs:
+            check(os.pread(fd, size, off) == data[off:off + size],
+                  "%s again at %d+%d" % (path, off, size))
+    finally:
+        os.close(fd)
+
+
+def test_parts():
+    """Random small reads of raw data (incompressible files as mkzfolio
+    and the zstd CLI write them, with and without checksums, 128K and 256K
+    frames of one and two raw blocks, reads across a block header, plain
+    files) are served from the backing bytes alone (part_reads), every byte
+    right; the same folios read again are filled and cached; compressed
+    frames are never read in part."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, mnt = d + "/src", d + "/mnt"
+        os.makedirs(src)
+        rnd = rand_bytes(16 << 20, 11)
+        with open(src + "/rand", "wb") as f:
+            f.write(rnd)
+        for frame in ("128K", "256K"):
+            dst = d + "/ds" + frame
+            pack(src, dst, "--frame", frame)
+            with Mount(dst, mnt, "budget=64M") as m:
+                # mostly distinct frames: 40 reads in 128 or 64 of them
+                offs = random_small_reads(mnt + "/rand", rnd, 40, 1)
+                # across the header between a 256K frame's two blocks
+                with open(mnt + "/rand", "rb") as f:
+                    f.seek(131072 - 100)
+                    check(f.read(200) == rnd[131072 - 100:131072 + 100], "across blocks")
+                st = m.stat()
+                print("%s frames: %d part reads, %d folios filled" % (
+                    frame, st["part_reads"], st["folios_read"]))
+                check(st["part_reads"] >= 20, "%s: raw frames read in part" % frame)
+                filled = st["folios_read"]
+                reread(mnt + "/rand", rnd, offs)
+                st = m.stat()
+                check(st["folios_read"] >= filled + 20,
+                      "%s: folios read in part twice are filled: %d -> %d" % (
+                          frame, filled, st["folios_read"]))
+                check(st["file"] > 0, "and cached")
+        # foreign files: the zstd CLI's incompressible frames, a plain file,
+        # and compressible text, which is never read in part
+        fds = d + "/foreign"
+        os.makedirs(fds)
+        text = text_bytes(1 << 20, 12)
+        with open(d + "/text", "wb") as f:
+            f.write(text)
+        for name, args in (("nocheck", ["--no-check"]), ("check", ["--check", "-9"])):
+            r = subprocess.run(["zstd", "-q", "-c", *args, "-B131072", src + "/rand"],
+                               capture_output=True, check=True)
+            with open(fds + "/%s.zst" % name, "wb") as f:
+                f.write(r.stdout)
+        with open(fds + "/plain.bin", "wb") as f:
+            f.write(rnd)
+        with Mount(fds, mnt, "budget=64M") as m:
+            for name in ("nocheck", "check", "plain.bin"):
+                random_small_reads(mnt + "/" + name, rnd, 30, 2)
+            parts = m.stat()["part_reads"]
+            check(parts >= 45, "foreign raw data read in part: %d" % parts)
+        with open(fds + "/text.zst", "wb") as f:
+            f.write(subprocess.run(["zstd", "-q", "-c", d + "/text"],
+                                   capture_output=True, check=True).stdout)
+        for n in ("nocheck.zst", "check.zst", "plain.bin"):
+            os.unlink(fds + "/" + n)
+        with Mount(fds, mnt, "budget=64M") as m:
+            random_small_reads(mnt + "/text", text, 100, 3)
+            check(m.stat()["part_reads"] == 0, "compressed frames are not read in part")
+
+
+def test_parallel():
+    """A sequential reader's windows are decoded by the decode threads too
+    (shared_fills), every byte right; decode_threads=0 leaves all to the
+    worker."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(src)
+        data = text_bytes(24 << 20, 21)
+        with open(src + "/seq", "wb") as f:
+            f.write(data)
+        pack(src, dst)
+        for threads, shared in (("2", True), ("8", True), ("0", False)):
+            with Mount(dst, mnt, "budget=64M,ra_kb=4096,decode_threads=" + threads) as m:
+                with open(mnt + "/seq", "rb") as f:
+                    got = b""
+                    while True:
+                        b = f.read(1 << 20)
+                        if not b:
+                            break
+                        got += b
+                check(got == data, "decode_threads=%s: content" % threads)
+                st = m.stat()
+                print("decode_threads=%s: %d folios, %d shared" % (
+                    threads, st["folios_read"], st["shared_fills"]))
+                check((st["shared_fills"] > 0) == shared,
+                      "decode_threads=%s: shared_fills %d" % (threads, st["shared_fills"]))
+
+
+if __name__ == "__main__":
+    main(globals(), "test_decode.py")
