@@ -27,6 +27,7 @@ int cache_init(struct cache *c, const struct cache_config *cfg)
 	c->lockless = cfg->lockless;
 	atomic_init(&c->deferred_pages, 0);
 	fill_pool_init(&c->fills, cfg->fill_threads);
+	buf_pool_init(&c->bufs);
 	return budget_init(&c->budget, &cfg->budget, &cache_budget_ops, c);
 }
 
@@ -53,6 +54,7 @@ void cache_destroy(struct cache *c)
 	cache_stop(c);
 	budget_stop_reclaimer(&c->budget);
 	cache_barrier();
+	buf_pool_drain(c);
 	budget_destroy(&c->budget);
 }
 

@@ -253,6 +253,15 @@ struct fill_pool {
 	bool stop;
 };
 
+/* Idle buffers by size class, 16 KiB to 4 MiB (bufpool.c). */
+#define BUF_POOL_CLASSES 9
+#define BUF_POOL_MAX (8u << 20) /* idle bytes kept at most */
+struct buf_pool {
+	pthread_mutex_t lock;
+	void *free[BUF_POOL_CLASSES]; /* lists linked through the first word */
+	unsigned long idle_pages;
+};
+
 struct cache_config {
 	struct budget_config budget;
 	bool lockless;
@@ -265,6 +274,7 @@ struct cache {
 	bool lockless;
 	atomic_long deferred_pages; /* hot data waiting for a grace period */
 	struct fill_pool fills;
+	struct buf_pool bufs;
 };
 
 static inline struct cache *cache_of_group(struct group *g)
@@ -298,6 +308,10 @@ struct folio *folio_lookup(struct mapping *m, unsigned long index);
 void folio_put(struct folio *f);
 int folio_insert(struct mapping *m, struct folio *f);
 void folio_fill_done(struct folio *f, int err);
+
+/* bufpool.c: buffers for folio data and backing reads, reused */
+void *cache_buf_get(struct cache *c, size_t len);
+void cache_buf_put(struct cache *c, void *buf, size_t len);
 
 /* fillpool.c: a batch's fills on every core */
 void fill_work_init(struct fill_work *w, struct fill_batch *b,

@@ -62,7 +62,7 @@ struct folio *folio_alloc(struct mapping *m, unsigned long index)
 	f->nr_pages = (uint32_t)pages_of_bytes(f->len);
 	f->index = index;
 	f->mapping = m;
-	f->data = malloc(f->len ? f->len : 1);
+	f->data = cache_buf_get(m->cache, f->len);
 	if (!f->data) {
 		free(f);
 		return NULL;
@@ -78,7 +78,7 @@ void folio_free_unused(struct folio *f)
 {
 	if (f->group)
 		uncharge(f->group, f->nr_pages);
-	free(f->data);
+	cache_buf_put(f->mapping->cache, f->data, f->len);
 	free(f);
 }
 

@@ -11,6 +11,10 @@
 
 #include "cache.h"
 
+/* bufpool.c */
+void buf_pool_init(struct buf_pool *p);
+void buf_pool_drain(struct cache *c);
+
 /* fillpool.c */
 void fill_pool_init(struct fill_pool *p, unsigned int nthreads);
 int fill_pool_start(struct fill_pool *p);

@@ -131,8 +131,8 @@ static void folio_free_rcu(struct rcu_head *head)
 	if (f->data) {
 		struct cache *c = cache_of_group(f->group);
 
-		free(f->data);
 		uncharge(f->group, f->nr_pages);
+		cache_buf_put(c, f->data, f->len);
 		stat_mod(f->group, STAT_DEFERRED_FREE, -(long)f->nr_pages);
 		stat_inc(f->group, STAT_DEFERRED_FREES);
 		atomic_fetch_sub(&c->deferred_pages, (long)f->nr_pages);
@@ -195,9 +195,9 @@ void folio_release_evicted(struct folio *f)
 		atomic_fetch_add(&c->deferred_pages, f->nr_pages);
 		stat_mod(f->group, STAT_DEFERRED_FREE, f->nr_pages);
 	} else {
-		free(f->data);
-		f->data = NULL;
 		uncharge(f->group, f->nr_pages);
+		cache_buf_put(c, f->data, f->len);
+		f->data = NULL;
 	}
 	call_rcu(&f->rcu, folio_free_rcu);
 }
@@ -206,7 +206,7 @@ void folio_release_evicted(struct folio *f)
 void folio_free_now(struct folio *f)
 {
 	stat_mod(f->group, STAT_FILE, -(long)f->nr_pages);
-	free(f->data);
 	uncharge(f->group, f->nr_pages);
+	cache_buf_put(cache_of_group(f->group), f->data, f->len);
 	free(f);
 }

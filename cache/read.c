@@ -98,7 +98,7 @@ int cache_fill_batch(struct fill_batch *b, unsigned int i)
 
 static void bounce_free(struct folio *f)
 {
-	free(f->data);
+	cache_buf_put(f->mapping->cache, f->data, f->len);
 	free(f);
 }
 
@@ -121,7 +121,7 @@ static int read_bounce(struct read_req *rq, unsigned long index,
 	f->len = mapping_folio_len(m, index);
 	f->index = index;
 	f->mapping = m;
-	f->data = malloc(f->len ? f->len : 1);
+	f->data = cache_buf_get(m->cache, f->len);
 	err = f->data ? m->ops->read_into(m, rq->io_ctx, index, f->data)
 		      : -ENOMEM;
 	if (err) {
@@ -179,7 +179,7 @@ static int read_part(struct read_req *rq, unsigned long i, uint64_t from,
 	f->len = (uint32_t)(to - from);
 	f->index = i;
 	f->mapping = m;
-	f->data = malloc(f->len ? f->len : 1);
+	f->data = cache_buf_get(m->cache, f->len);
 	err = f->data ? m->ops->read_part(m, rq->io_ctx, i, (uint32_t)from,
 					  f->len, f->data)
 		      : -EAGAIN;

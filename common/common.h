@@ -60,6 +60,8 @@ void text_json_string(struct text *t, const char *s);
 	  "metadata: frame indexes, manifest keys, inodes")                    \
 	X(DECODER_WINDOWS, "decoder_windows", gauge,                           \
 	  "windows of stream decoders, for frames served in pieces")           \
+	X(BUF_POOL, "buffer_pool", gauge,                                      \
+	  "idle buffers kept for reuse, not charged (at most 8 MiB)")         \
 	X(PGFAULT, "pgfault", event, "read requests served")                   \
 	X(PGMAJFAULT, "pgmajfault", event, "reads that waited for backing I/O") \
 	X(PGSCAN, "pgscan", event, "pages scanned by reclaim")                 \

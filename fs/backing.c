@@ -140,7 +140,8 @@ static bool slot_split(const struct zfile *f, unsigned long i)
 
 /* The compressed bytes of a batch, read in as few reads as it takes. */
 struct batch_io {
-	uint8_t *buf;
+	uint8_t *buf;      /* from the cache's buffer pool */
+	size_t buf_len;
 	size_t *off;       /* per folio: where its frame starts in buf */
 	unsigned int *run; /* per folio: its read */
 	int *err;          /* raw files: per folio, the read's result */
@@ -297,9 +298,10 @@ static int zfile_submit(struct fill_batch *b)
 			total += batch_frame(b, f, i)->c_size;
 	if (!total)
 		return 0;
-	io->buf = malloc(total);
+	io->buf = cache_buf_get(b->mapping->cache, total);
 	if (!io->buf)
 		return -ENOMEM;
+	io->buf_len = total;
 	io->ring = ring_of(b->io_ctx);
 	for (unsigned int i = 0, j; i < b->nr; i = j) {
 		if (!batch_frame(b, f, i)) {
@@ -558,7 +560,7 @@ static void zfile_finish(struct fill_batch *b)
 	if (orphaned) { /* the kernel may still write them: keep them */
 		keep_orphaned(io->buf, io->runs);
 	} else {
-		free(io->buf);
+		cache_buf_put(b->mapping->cache, io->buf, io->buf_len);
 		free(io->runs);
 	}
 	free(io->off);
@@ -590,9 +592,9 @@ static int read_one_folio(struct zfile *f, struct mapping *m, void *io_ctx,
 		return read_split(f, index, buf, len);
 	fr = &f->idx.frames[slot_frame(f, index)];
 	dctx = dctx_of(io_ctx);
-	src = malloc(fr->c_size ? fr->c_size : 1);
+	src = cache_buf_get(m->cache, fr->c_size);
 	if (!src || !dctx) {
-		free(src);
+		cache_buf_put(m->cache, src, fr->c_size);
 		return -ENOMEM;
 	}
 	n = fd_read(f, src, fr->c_size, fr->c_off);
@@ -601,7 +603,7 @@ static int read_one_folio(struct zfile *f, struct mapping *m, void *io_ctx,
 	else
 		r = zseek_decode_frame(dctx, fr, f->idx.has_checksum, src,
 				       buf);
-	free(src);
+	cache_buf_put(m->cache, src, fr->c_size);
 	return r;
 }
 

@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Buffers kept for reuse: folio data and the compressed bytes of windows.
+ *
+ * A folio's data and a window's read buffer are big (a frame, 128 KiB by
+ * default; a window, up to megabytes) and come and go with every frame the
+ * cache takes in and evicts.  Had from malloc they would be mapped and
+ * faulted in page by page each time (and unmapped, with a TLB shootdown on
+ * every core, when freed); from the heap, they would fragment it.  So they
+ * are mapped once, in power-of-two size classes from 16 KiB, and a freed
+ * one goes to its class's free list instead of back to the kernel, already
+ * faulted in.
+ *
+ * Idle buffers are few: at most a 32nd of the budget's memory.max and
+ * 8 MiB (BUF_POOL_MAX), memory of the daemon's fixed overhead like its
+ * threads' stacks, shown as the buffer_pool line of memory.stat.  They are
+ * not charged to the budget: at its limit the cache evicts a frame to take
+ * in the next one, and a charged idle buffer would take the very room the
+ * next folio needs, so reclaim would have to unmap it and the new folio map
+ * a fresh one, which is what the pool is for avoiding.  Smaller buffers
+ * come from malloc; bigger ones than the largest class are mapped each
+ * time.
+ */
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+#define POOL_MIN_SHIFT 14 /* 16 KiB */
+
+/* The size class of len bytes, or -1 for malloc, NR for a one-off map. */
+static int buf_class(size_t len)
+{
+	int k = 0;
+
+	if (len < (1u << POOL_MIN_SHIFT))
+		return -1;
+	while (k < BUF_POOL_CLASSES && ((size_t)1 << (POOL_MIN_SHIFT + k)) < len)
+		k++;
+	return k;
+}
+
+static size_t class_bytes(int k)
+{
+	return (size_t)1 << (POOL_MIN_SHIFT + k);
+}
+
+static size_t map_bytes(size_t len, int k)
+{
+	return k < BUF_POOL_CLASSES
+		       ? class_bytes(k)
+		       : (len + ZF_PAGE_SIZE - 1) & ~(size_t)(ZF_PAGE_SIZE - 1);
+}
+
+void buf_pool_init(struct buf_pool *p)
+{
+	pthread_mutex_init(&p->lock, NULL);
+	for (int k = 0; k < BUF_POOL_CLASSES; k++)
+		p->free[k] = NULL;
+	p->idle_pages = 0;
+}
+
+void *cache_buf_get(struct cache *c, size_t len)
+{
+	struct buf_pool *p = &c->bufs;
+	int k = buf_class(len);
+	void *b = NULL;
+
+	if (k < 0)
+		return malloc(len ? len : 1);
+	if (k < BUF_POOL_CLASSES) {
+		pthread_mutex_lock(&p->lock);
+		b = p->free[k];
+		if (b) {
+			p->free[k] = *(void **)b;
+			p->idle_pages -= class_bytes(k) >> ZF_PAGE_SHIFT;
+		}
+		pthread_mutex_unlock(&p->lock);
+		if (b) {
+			stat_mod(&c->budget.root, STAT_BUF_POOL,
+				 -(long)(class_bytes(k) >> ZF_PAGE_SHIFT));
+			return b;
+		}
+	}
+	b = mmap(NULL, map_bytes(len, k), PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return b == MAP_FAILED ? NULL : b;
+}
+
+/* Keep b if the pool has room. */
+static bool buf_keep(struct cache *c, void *b, int k)
+{
+	struct buf_pool *p = &c->bufs;
+	unsigned long pages = class_bytes(k) >> ZF_PAGE_SHIFT;
+	unsigned long cap = (unsigned long)counter_max(&c->budget.root.mem) / 32;
+	bool kept = false;
+
+	if (cap > BUF_POOL_MAX >> ZF_PAGE_SHIFT)
+		cap = BUF_POOL_MAX >> ZF_PAGE_SHIFT;
+	pthread_mutex_lock(&p->lock);
+	if (p->idle_pages + pages <= cap) {
+		*(void **)b = p->free[k];
+		p->free[k] = b;
+		p->idle_pages += pages;
+		kept = true;
+	}
+	pthread_mutex_unlock(&p->lock);
+	if (kept)
+		stat_mod(&c->budget.root, STAT_BUF_POOL, (long)pages);
+	return kept;
+}
+
+void cache_buf_put(struct cache *c, void *b, size_t len)
+{
+	int k = buf_class(len);
+
+	if (!b)
+		return;
+	if (k < 0) {
+		free(b);
+		return;
+	}
+	if (k < BUF_POOL_CLASSES && buf_keep(c, b, k))
+		return;
+	munmap(b, map_bytes(len, k));
+}
+
+void buf_pool_drain(struct cache *c)
+{
+	struct buf_pool *p = &c->bufs;
+
+	pthread_mutex_lock(&p->lock);
+	for (int k = 0; k < BUF_POOL_CLASSES; k++)
+		while (p->free[k]) {
+			void *b = p->free[k];
+
+			p->free[k] = *(void **)b;
+			munmap(b, class_bytes(k));
+			stat_mod(&c->budget.root, STAT_BUF_POOL,
+				 -(long)(class_bytes(k) >> ZF_PAGE_SHIFT));
+		}
+	p->idle_pages = 0;
+	pthread_mutex_unlock(&p->lock);
+}
