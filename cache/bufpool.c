@@ -11,7 +11,7 @@
  * one goes to its class's free list instead of back to the kernel, already
  * faulted in.
  *
- * Idle buffers are few: at most a 32nd of the budget's memory.max and
+ * Idle buffers are few: at most a 16th of the budget's memory.max and
  * 8 MiB (BUF_POOL_MAX), memory of the daemon's fixed overhead like its
  * threads' stacks, shown as the buffer_pool line of memory.stat.  They are
  * not charged to the budget: at its limit the cache evicts a frame to take
@@ -92,7 +92,7 @@ static bool buf_keep(struct cache *c, void *b, int k)
 {
 	struct buf_pool *p = &c->bufs;
 	unsigned long pages = class_bytes(k) >> ZF_PAGE_SHIFT;
-	unsigned long cap = (unsigned long)counter_max(&c->budget.root.mem) / 32;
+	unsigned long cap = (unsigned long)counter_max(&c->budget.root.mem) / 16;
 	bool kept = false;
 
 	if (cap > BUF_POOL_MAX >> ZF_PAGE_SHIFT)
