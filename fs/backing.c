@@ -641,50 +641,140 @@ enum {
 	PART_OFF = 0x1f,
 };
 
-/* What frame fr of f is: PART_KNOWN | PART_RAW | offset, or PART_KNOWN. */
-static int part_probe(struct zfile *f, const struct zseek_frame *fr)
+/*
+ * The reads of one part read, at once on the worker's ring when there are
+ * several (one I/O's latency, not two or three), else by pread.  0, or
+ * -EIO if the ring failed with reads in flight: then block, where they
+ * land, is the kernel's and is never freed.
+ */
+static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
+		   int n, void *block)
 {
-	uint8_t probe[ZSEEK_RAW_PROBE];
-	size_t want = fr->c_size < sizeof(probe) ? fr->c_size : sizeof(probe);
-	ssize_t n = fd_read(f, probe, want, fr->c_off);
-	unsigned int off;
+	struct ring *ring = n > 1 ? ring_of(io_ctx) : NULL;
+	bool dc = atomic_load_explicit(&f->dontcache, memory_order_relaxed);
+	bool orphaned = false;
 
-	if (n < 0)
-		return (int)n;
-	if (!zseek_raw_frame(probe, (size_t)n, fr, &off) || off > PART_OFF)
-		return PART_KNOWN;
-	return PART_KNOWN | PART_RAW | (int)off;
+	for (int i = 0; i < n; i++) {
+		rr[i].done = false;
+		if (!ring || ring_queue(ring, f->fd, &rr[i],
+					dc ? RWF_DONTCACHE : 0)) {
+			rr[i].res = (int)fd_read(f, rr[i].dst, rr[i].len,
+						 rr[i].off);
+			rr[i].done = true;
+		}
+	}
+	for (int i = 0; ring && i < n; i++) {
+		if (!rr[i].done)
+			ring_wait(ring, &rr[i]);
+		orphaned |= rr[i].orphaned || !rr[i].done;
+	}
+	if (orphaned) {
+		keep_orphaned(block, NULL);
+		return -EIO;
+	}
+	for (int i = 0; i < n; i++) {
+		uint64_t got;
+		ssize_t more;
+
+		if (rr[i].res < 0 && dc &&
+		    (rr[i].res == -EOPNOTSUPP || rr[i].res == -EINVAL)) {
+			atomic_store(&f->dontcache, false);
+			rr[i].res = 0;
+		}
+		if (rr[i].res < 0)
+			continue;
+		got = (uint64_t)rr[i].res;
+		if (got < rr[i].len) { /* short: the rest by pread */
+			more = fd_read(f, rr[i].dst + got, rr[i].len - got,
+				       rr[i].off + got);
+			rr[i].res = more < 0 ? (int)more : (int)(got + (uint64_t)more);
+		}
+	}
+	return 0;
 }
 
-/* Content [x, x + len) of raw frame fr, whose first block's data is at off. */
-static int part_read_raw(struct zfile *f, const struct zseek_frame *fr,
-			 unsigned int off, uint32_t x, uint32_t len, void *buf)
+/* Frame header sizes a frame may have: where a raw block may start */
+#define HDR_MIN ZSTD_FRAMEHEADERSIZE_MIN(ZSTD_f_zstd1)
+#define HDR_SPAN (ZSTD_FRAMEHEADERSIZE_MAX - HDR_MIN)
+
+/*
+ * Content [x, x + len) of frame fr into buf, if the frame is raw blocks.
+ * *st is what is known of the frame (PART_KNOWN | PART_RAW | offset),
+ * updated by the probe.  Before the frame is known, its first bytes (the
+ * probe), the header of block k (past the first) and the bytes asked for
+ * are read at once, the last two over every place the frame header's size
+ * may put them (HDR_SPAN bytes more each).
+ */
+static int part_read_frame(struct zfile *f, void *io_ctx,
+			   const struct zseek_frame *fr, uint8_t *st,
+			   uint32_t x, uint32_t len, void *buf)
 {
-	uint64_t k = x / ZSEEK_BLOCK;
-	uint64_t hdr = fr->c_off + zseek_raw_block_pos(off, k);
-	ssize_t n;
+	uint64_t k = x / ZSEEK_BLOCK, xk = x % ZSEEK_BLOCK;
+	bool known = *st & PART_KNOWN;
+	/* where block k's header is, for the smallest frame header */
+	uint64_t hdr0 = fr->c_off + zseek_raw_block_pos(
+					    known ? (*st & PART_OFF)
+						  : HDR_MIN + ZSEEK_BLOCK_HEADER,
+					    k);
+	unsigned int span = known ? 0 : HDR_SPAN, off, h;
+	size_t probe_len = fr->c_size < ZSEEK_RAW_PROBE ? fr->c_size
+							: ZSEEK_RAW_PROBE;
+	size_t total = ZSEEK_RAW_PROBE + span + ZSEEK_BLOCK_HEADER + span + len;
+	struct ring_read rr[3];
+	uint8_t *block;
+	int n = 0, r;
 
 	if ((x + len - 1) / ZSEEK_BLOCK != k)
 		return -EAGAIN; /* across a block header */
-	if (k) { /* the first block's header was probed; this one is not */
-		uint8_t h[ZSEEK_BLOCK_HEADER];
-
-		n = fd_read(f, h, sizeof(h), hdr);
-		if (n != (ssize_t)sizeof(h) || !zseek_raw_block_ok(h, fr, k))
-			return -EAGAIN;
+	block = malloc(total);
+	if (!block)
+		return -ENOMEM;
+	if (!known)
+		rr[n++] = (struct ring_read){.off = fr->c_off, .len = probe_len,
+					     .dst = block};
+	if (k) /* block 0's header is in the probe, or known */
+		rr[n++] = (struct ring_read){
+			.off = hdr0, .len = span + ZSEEK_BLOCK_HEADER,
+			.dst = block + ZSEEK_RAW_PROBE};
+	rr[n++] = (struct ring_read){
+		.off = hdr0 + ZSEEK_BLOCK_HEADER + xk, .len = span + len,
+		.dst = block + ZSEEK_RAW_PROBE + span + ZSEEK_BLOCK_HEADER};
+	r = part_io(f, io_ctx, rr, n, block);
+	if (r)
+		return r; /* block is kept: the kernel may write it */
+	for (int i = 0; i < n && !r; i++)
+		if (rr[i].res < 0)
+			r = rr[i].res;
+	if (!r && !known) {
+		*st = PART_KNOWN;
+		if (rr[0].res > 0 &&
+		    zseek_raw_frame(block, (size_t)rr[0].res, fr, &off) &&
+		    off <= PART_OFF)
+			*st |= PART_RAW | (uint8_t)off;
 	}
-	n = fd_read(f, buf, len, hdr + ZSEEK_BLOCK_HEADER + x % ZSEEK_BLOCK);
-	if (n < 0)
-		return (int)n;
-	return (size_t)n == len ? 0 : -EIO;
+	if (r || !(*st & PART_RAW)) {
+		free(block);
+		return r ? r : -EAGAIN;
+	}
+	/* the frame header's real size picks the bytes out of the spans */
+	h = known ? 0 : (*st & PART_OFF) - ZSEEK_BLOCK_HEADER - HDR_MIN;
+	if ((k && !zseek_raw_block_ok(block + ZSEEK_RAW_PROBE + h, fr, k)) ||
+	    rr[n - 1].res < (int)(h + len)) {
+		free(block);
+		return k ? -EAGAIN : -EIO;
+	}
+	memcpy(buf, block + ZSEEK_RAW_PROBE + span + ZSEEK_BLOCK_HEADER + h,
+	       len);
+	free(block);
+	return 0;
 }
 
-static int part_read(struct zfile *f, struct mapping *m, unsigned long index,
-		     uint32_t off, uint32_t len, void *buf)
+static int part_read(struct zfile *f, struct mapping *m, void *io_ctx,
+		     unsigned long index, uint32_t off, uint32_t len,
+		     void *buf)
 {
 	uint8_t st = atomic_load_explicit(&f->parts[index],
 					  memory_order_relaxed);
-	const struct zseek_frame *fr;
 	ssize_t n;
 	int r;
 
@@ -696,22 +786,14 @@ static int part_read(struct zfile *f, struct mapping *m, unsigned long index,
 		n = fd_read(f, buf, len, mapping_folio_pos(m, index) + off);
 		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
 	}
-	fr = &f->idx.frames[slot_frame(f, index)];
-	if (!(st & PART_KNOWN)) {
-		r = part_probe(f, fr);
-		if (r < 0)
-			return r;
-		st = (uint8_t)r;
-		atomic_fetch_or_explicit(&f->parts[index], st,
-					 memory_order_relaxed);
-	}
-	if (!(st & PART_RAW))
-		return -EAGAIN;
 	/* a slot of a split frame starts slot_skip into it */
-	return part_read_raw(f, fr, st & PART_OFF,
-			     off + (uint32_t)(f->slot_skip ? f->slot_skip[index]
-							   : 0),
-			     len, buf);
+	r = part_read_frame(f, io_ctx, &f->idx.frames[slot_frame(f, index)],
+			    &st,
+			    off + (uint32_t)(f->slot_skip ? f->slot_skip[index]
+							  : 0),
+			    len, buf);
+	atomic_fetch_or_explicit(&f->parts[index], st, memory_order_relaxed);
+	return r;
 }
 
 static int zfile_read_part(struct mapping *m, void *io_ctx,
@@ -722,7 +804,6 @@ static int zfile_read_part(struct mapping *m, void *io_ctx,
 	uint8_t st;
 	int r;
 
-	(void)io_ctx;
 	if (!f->parts || index >= f->nslots)
 		return -EAGAIN;
 	/* a compressed frame (never smaller than its content if raw) */
@@ -736,7 +817,7 @@ static int zfile_read_part(struct mapping *m, void *io_ctx,
 	r = zfile_fd_get(f);
 	if (r)
 		return r;
-	r = part_read(f, m, index, off, len, buf);
+	r = part_read(f, m, io_ctx, index, off, len, buf);
 	zfile_fd_put(f);
 	return r;
 }
