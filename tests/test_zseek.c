@@ -404,6 +404,90 @@ static void test_not_zstd(void)
 	free(m.p);
 }
 
+
+/* Random bytes: what zstd stores in raw blocks. */
+static void make_noise(unsigned char *p, size_t n, unsigned long long seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)(test_rand(&seed) >> 24);
+}
+
+/* One frame of n bytes at level 3, with or without zstd's checksum. */
+static size_t one_frame(const void *in, size_t n, void *out, size_t cap,
+			bool checksum)
+{
+	ZSTD_CCtx *c = ZSTD_createCCtx();
+	size_t r;
+
+	ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 3);
+	ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, checksum);
+	r = ZSTD_compress2(c, out, cap, in, n);
+	ZSTD_freeCCtx(c);
+	CHECK(!ZSTD_isError(r));
+	return r;
+}
+
+/*
+ * Raw frames: incompressible frames of one and two raw blocks are found
+ * raw, their content where zseek_raw_frame and zseek_raw_block_pos say,
+ * with and without a checksum; a compressed frame, a wrong content size,
+ * a block header of another type or size, a probe too short, are not.
+ */
+static void test_raw_frames(void)
+{
+	const size_t sizes[] = {4096, 131072, 262144, 200000};
+	size_t cap = ZSTD_compressBound(262144);
+	unsigned char *in = malloc(262144), *out = malloc(cap);
+	unsigned int off;
+
+	for (int ck = 0; ck < 2; ck++)
+		for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+			size_t n = sizes[s], c;
+			struct zseek_frame fr = {0};
+			uint64_t nb = (n + ZSEEK_BLOCK - 1) / ZSEEK_BLOCK;
+
+			make_noise(in, n, 7 + s);
+			c = one_frame(in, n, out, cap, ck);
+			fr.c_size = c;
+			fr.d_size = n;
+			CHECK_EQ(zseek_raw_frame(out, ZSEEK_RAW_PROBE, &fr, &off), 1);
+			for (uint64_t k = 0; k < nb; k++) {
+				uint64_t h = zseek_raw_block_pos(off, k);
+
+				CHECK(zseek_raw_block_ok(out + h, &fr, k));
+				CHECK(!memcmp(out + h + ZSEEK_BLOCK_HEADER,
+					      in + k * ZSEEK_BLOCK,
+					      k + 1 < nb ? ZSEEK_BLOCK
+							 : n - k * ZSEEK_BLOCK));
+				/* not block k + 1's header, nor past the end */
+				CHECK(!zseek_raw_block_ok(out + h, &fr, k + 1));
+			}
+			/* a content size the header does not state */
+			fr.d_size = n - 1;
+			CHECK_EQ(zseek_raw_frame(out, ZSEEK_RAW_PROBE, &fr, &off), 0);
+			fr.d_size = n;
+			/* a compressed block type */
+			out[off - 3] ^= 4;
+			CHECK_EQ(zseek_raw_frame(out, ZSEEK_RAW_PROBE, &fr, &off), 0);
+			out[off - 3] ^= 4;
+			/* too short a probe for the header */
+			CHECK_EQ(zseek_raw_frame(out, 5, &fr, &off), 0);
+		}
+	/* compressible content is not raw */
+	{
+		struct zseek_frame fr = {0};
+		size_t c;
+
+		make_content(in, 131072, 3);
+		c = one_frame(in, 131072, out, cap, false);
+		fr.c_size = c;
+		fr.d_size = 131072;
+		CHECK_EQ(zseek_raw_frame(out, ZSEEK_RAW_PROBE, &fr, &off), 0);
+	}
+	free(in);
+	free(out);
+}
+
 int main(void)
 {
 	RUN(test_round_trip);
@@ -413,5 +497,6 @@ int main(void)
 	RUN(test_lying_table);
 	RUN(test_corrupt_frame);
 	RUN(test_not_zstd);
+	RUN(test_raw_frames);
 	return check_done();
 }
