@@ -726,7 +726,7 @@ static int part_read_frame(struct zfile *f, void *io_ctx,
 
 	if ((x + len - 1) / ZSEEK_BLOCK != k)
 		return -EAGAIN; /* across a block header */
-	block = malloc(total);
+	block = cache_buf_get(f->mapping->cache, total);
 	if (!block)
 		return -ENOMEM;
 	if (!known)
@@ -753,19 +753,19 @@ static int part_read_frame(struct zfile *f, void *io_ctx,
 			*st |= PART_RAW | (uint8_t)off;
 	}
 	if (r || !(*st & PART_RAW)) {
-		free(block);
+		cache_buf_put(f->mapping->cache, block, total);
 		return r ? r : -EAGAIN;
 	}
 	/* the frame header's real size picks the bytes out of the spans */
 	h = known ? 0 : (*st & PART_OFF) - ZSEEK_BLOCK_HEADER - HDR_MIN;
 	if ((k && !zseek_raw_block_ok(block + ZSEEK_RAW_PROBE + h, fr, k)) ||
 	    rr[n - 1].res < (int)(h + len)) {
-		free(block);
+		cache_buf_put(f->mapping->cache, block, total);
 		return k ? -EAGAIN : -EIO;
 	}
 	memcpy(buf, block + ZSEEK_RAW_PROBE + span + ZSEEK_BLOCK_HEADER + h,
 	       len);
-	free(block);
+	cache_buf_put(f->mapping->cache, block, total);
 	return 0;
 }
 
