@@ -7,8 +7,8 @@
  * cache takes in and evicts.  Had from malloc they would be mapped and
  * faulted in page by page each time (and unmapped, with a TLB shootdown on
  * every core, when freed); from the heap, they would fragment it.  So they
- * are mapped once, in power-of-two size classes from 16 KiB, and a freed
- * one goes to its class's free list instead of back to the kernel, already
+ * are mapped once, in size classes from 16 KiB to 4 MiB, and a freed one
+ * goes to its class's free list instead of back to the kernel, already
  * faulted in.
  *
  * Idle buffers are few: at most a 16th of the budget's memory.max and
@@ -28,6 +28,18 @@
 
 #define POOL_MIN_SHIFT 14 /* 16 KiB */
 
+/*
+ * Size classes: four per power of two (16, 20, 24, 28, 32, 40 KiB ...), so
+ * that a buffer is at most a quarter bigger than asked for: an odd frame
+ * size or a file's last frame keeps little more memory than it is charged.
+ */
+static size_t class_bytes(int k)
+{
+	size_t base = (size_t)1 << (POOL_MIN_SHIFT + k / 4);
+
+	return base + (size_t)(k % 4) * (base >> 2);
+}
+
 /* The size class of len bytes, or -1 for malloc, NR for a one-off map. */
 static int buf_class(size_t len)
 {
@@ -35,14 +47,9 @@ static int buf_class(size_t len)
 
 	if (len < (1u << POOL_MIN_SHIFT))
 		return -1;
-	while (k < BUF_POOL_CLASSES && ((size_t)1 << (POOL_MIN_SHIFT + k)) < len)
+	while (k < BUF_POOL_CLASSES && class_bytes(k) < len)
 		k++;
 	return k;
-}
-
-static size_t class_bytes(int k)
-{
-	return (size_t)1 << (POOL_MIN_SHIFT + k);
 }
 
 static size_t map_bytes(size_t len, int k)

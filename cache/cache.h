@@ -253,8 +253,8 @@ struct fill_pool {
 	bool stop;
 };
 
-/* Idle buffers by size class, 16 KiB to 4 MiB (bufpool.c). */
-#define BUF_POOL_CLASSES 9
+/* Idle buffers by size class, 16 KiB to 4 MiB, four per power of two. */
+#define BUF_POOL_CLASSES 33
 #define BUF_POOL_MAX (8u << 20) /* idle bytes kept at most */
 struct buf_pool {
 	pthread_mutex_t lock;
@@ -339,6 +339,7 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 		   void *io_ctx, uint64_t pos, size_t len);
 int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg);
 int cache_fill_batch(struct fill_batch *b, unsigned int i);
+void cache_wait_io(struct fill_batch *b);
 void file_read_state_init(struct file_read_state *file);
 
 #endif

@@ -68,6 +68,24 @@ void file_read_state_init(struct file_read_state *file)
 }
 
 /*
+ * Wait for batch b's backing reads (ops->wait_io) before its fills are
+ * shared: RCU-offline like a fill, so that no grace period waits on a disk.
+ */
+void cache_wait_io(struct fill_batch *b)
+{
+	bool offline;
+
+	if (!b->mapping->ops->wait_io)
+		return;
+	offline = read_pin_lockless();
+	if (offline)
+		cache_thread_offline();
+	b->mapping->ops->wait_io(b);
+	if (offline)
+		cache_thread_online();
+}
+
+/*
  * Fill folio i of batch b and publish the result to its waiters.  A fill
  * may wait for I/O or decode for long (a frame streamed from its start):
  * the worker does it RCU-offline, so that no grace period waits for it,
@@ -180,13 +198,23 @@ static int read_part(struct read_req *rq, unsigned long i, uint64_t from,
 	f->index = i;
 	f->mapping = m;
 	f->data = cache_buf_get(m->cache, f->len);
-	err = f->data ? m->ops->read_part(m, rq->io_ctx, i, (uint32_t)from,
-					  f->len, f->data)
-		      : -EAGAIN;
+	if (f->data) {
+		/* backing I/O: RCU-offline, as a fill */
+		bool offline = read_pin_lockless();
+
+		if (offline)
+			cache_thread_offline();
+		err = m->ops->read_part(m, rq->io_ctx, i, (uint32_t)from,
+					f->len, f->data);
+		if (offline)
+			cache_thread_online();
+	} else {
+		err = -EAGAIN;
+	}
 	if (err) {
 		bounce_free(f);
-		if (err == -EAGAIN)
-			return err;
+		if (err == -EAGAIN || err == -ENOMEM)
+			return -EAGAIN; /* the usual way, then */
 		stat_inc(rq->group, STAT_IO_ERRORS);
 		return -EIO;
 	}

@@ -339,6 +339,7 @@ static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 	    (r->res == -EOPNOTSUPP || r->res == -EINVAL)) {
 		/* uncached reads refused here: plain reads from now on */
 		atomic_store(&f->dontcache, false);
+		io->dontcache[k] = false; /* once: the result below is final */
 		r->res = 0;
 	}
 	if (r->res < 0)
@@ -377,9 +378,11 @@ static void dctx_free(void *d)
 	ZSTD_freeDCtx(d);
 }
 
+static bool dctx_key_ok;
+
 static void dctx_key_init(void)
 {
-	pthread_key_create(&dctx_key, dctx_free);
+	dctx_key_ok = pthread_key_create(&dctx_key, dctx_free) == 0;
 }
 
 /* This thread's decoder: a fill may run on a fill thread, not io_ctx's. */
@@ -392,6 +395,8 @@ static ZSTD_DCtx *dctx_of(void *io_ctx)
 	if (w)
 		return w->dctx;
 	pthread_once(&dctx_once, dctx_key_init);
+	if (!dctx_key_ok)
+		return NULL;
 	d = pthread_getspecific(dctx_key);
 	if (!d && (d = ZSTD_createDCtx()))
 		pthread_setspecific(dctx_key, d);
@@ -625,21 +630,16 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
  * Raw data has nothing to decode: a plain file's bytes are its content,
  * and a frame of raw blocks (zstd's choice for incompressible data) holds
  * its content as it is, after a header per block.  Such a read fetches
- * just its bytes from the backing file, at their computed offset, straight
- * into the reply's buffer.  What it verifies: the frame header (its
- * content size) and the header of the block read (raw, of the right size);
- * the frame's checksum only when the frame is read whole.  The first part
- * read of a frame reads its first ZSEEK_RAW_PROBE bytes once to learn
- * that; a frame with compressed blocks is then filled as usual.  A folio
- * read in part twice is filled the next time: it is being reused, and
- * belongs in the cache.
+ * just its bytes from the backing file, at their computed offset.  What it
+ * verifies: the frame header (its content size) and the header of the
+ * block read (raw, of the right size); the frame's checksum only when the
+ * frame is read whole.  It reads the frame's first ZSEEK_RAW_PROBE bytes,
+ * the block's header and the bytes asked for at once; a frame with
+ * compressed blocks is then filled as usual.  A folio read in part once
+ * (PART_SEEN) is filled the next time: it is being reused, and belongs in
+ * the cache.
  */
-enum {
-	PART_KNOWN = 0x80, /* the probe was made */
-	PART_RAW = 0x40,   /* raw blocks; PART_OFF is where the content is */
-	PART_SEEN = 0x20,  /* read in part once already */
-	PART_OFF = 0x1f,
-};
+enum { PART_SEEN = 1 };
 
 /*
  * The reads of one part read, at once on the worker's ring when there are
@@ -698,102 +698,87 @@ static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 #define HDR_SPAN (ZSTD_FRAMEHEADERSIZE_MAX - HDR_MIN)
 
 /*
- * Content [x, x + len) of frame fr into buf, if the frame is raw blocks.
- * *st is what is known of the frame (PART_KNOWN | PART_RAW | offset),
- * updated by the probe.  Before the frame is known, its first bytes (the
- * probe), the header of block k (past the first) and the bytes asked for
- * are read at once, the last two over every place the frame header's size
- * may put them (HDR_SPAN bytes more each).
+ * Content [x, x + len) of frame fr into buf, if the frame is raw blocks:
+ * 0, -EAGAIN if it is not (or the range crosses a block header), or an
+ * error.  Its first bytes (the probe), the header of block k (past the
+ * first: block 0's is in the probe) and the bytes asked for are read at
+ * once, the last two over every place the frame header's size may put
+ * them (HDR_SPAN bytes more each), into a scratch buffer.
  */
 static int part_read_frame(struct zfile *f, void *io_ctx,
-			   const struct zseek_frame *fr, uint8_t *st,
-			   uint32_t x, uint32_t len, void *buf)
+			   const struct zseek_frame *fr, uint64_t x,
+			   uint32_t len, void *buf)
 {
+	struct cache *c = f->mapping->cache;
 	uint64_t k = x / ZSEEK_BLOCK, xk = x % ZSEEK_BLOCK;
-	bool known = *st & PART_KNOWN;
 	/* where block k's header is, for the smallest frame header */
-	uint64_t hdr0 = fr->c_off + zseek_raw_block_pos(
-					    known ? (*st & PART_OFF)
-						  : HDR_MIN + ZSEEK_BLOCK_HEADER,
-					    k);
-	unsigned int span = known ? 0 : HDR_SPAN, off, h;
+	uint64_t hdr0 = fr->c_off +
+			zseek_raw_block_pos(HDR_MIN + ZSEEK_BLOCK_HEADER, k);
 	size_t probe_len = fr->c_size < ZSEEK_RAW_PROBE ? fr->c_size
 							: ZSEEK_RAW_PROBE;
-	size_t total = ZSEEK_RAW_PROBE + span + ZSEEK_BLOCK_HEADER + span + len;
+	size_t hdr_at = ZSEEK_RAW_PROBE, data_at = hdr_at + HDR_SPAN +
+						  ZSEEK_BLOCK_HEADER;
+	size_t total = data_at + HDR_SPAN + len;
 	struct ring_read rr[3];
+	unsigned int off, h;
 	uint8_t *block;
-	int n = 0, r;
+	int n = 0, r = 0;
 
 	if ((x + len - 1) / ZSEEK_BLOCK != k)
 		return -EAGAIN; /* across a block header */
-	block = cache_buf_get(f->mapping->cache, total);
+	block = cache_buf_get(c, total);
 	if (!block)
-		return -ENOMEM;
-	if (!known)
-		rr[n++] = (struct ring_read){.off = fr->c_off, .len = probe_len,
-					     .dst = block};
-	if (k) /* block 0's header is in the probe, or known */
+		return -EAGAIN;
+	rr[n++] = (struct ring_read){.off = fr->c_off, .len = probe_len,
+				     .dst = block};
+	if (k)
 		rr[n++] = (struct ring_read){
-			.off = hdr0, .len = span + ZSEEK_BLOCK_HEADER,
-			.dst = block + ZSEEK_RAW_PROBE};
-	rr[n++] = (struct ring_read){
-		.off = hdr0 + ZSEEK_BLOCK_HEADER + xk, .len = span + len,
-		.dst = block + ZSEEK_RAW_PROBE + span + ZSEEK_BLOCK_HEADER};
-	r = part_io(f, io_ctx, rr, n, block);
-	if (r)
-		return r; /* block is kept: the kernel may write it */
+			.off = hdr0, .len = HDR_SPAN + ZSEEK_BLOCK_HEADER,
+			.dst = block + hdr_at};
+	rr[n++] = (struct ring_read){.off = hdr0 + ZSEEK_BLOCK_HEADER + xk,
+				     .len = HDR_SPAN + len,
+				     .dst = block + data_at};
+	if (part_io(f, io_ctx, rr, n, block))
+		return -EIO; /* block is kept: the kernel may write it */
 	for (int i = 0; i < n && !r; i++)
 		if (rr[i].res < 0)
 			r = rr[i].res;
-	if (!r && !known) {
-		*st = PART_KNOWN;
-		if (rr[0].res > 0 &&
-		    zseek_raw_frame(block, (size_t)rr[0].res, fr, &off) &&
-		    off <= PART_OFF)
-			*st |= PART_RAW | (uint8_t)off;
+	if (!r && (rr[0].res <= 0 ||
+		   !zseek_raw_frame(block, (size_t)rr[0].res, fr, &off)))
+		r = -EAGAIN;
+	if (!r) {
+		/* the frame header's real size picks the bytes out of the spans */
+		h = off - ZSEEK_BLOCK_HEADER - HDR_MIN;
+		if (k && (rr[1].res < (int)(h + ZSEEK_BLOCK_HEADER) ||
+			  !zseek_raw_block_ok(block + hdr_at + h, fr, k)))
+			r = -EAGAIN;
+		else if (rr[n - 1].res < (int)(h + len))
+			r = -EIO; /* the file is shorter than its index */
+		else
+			memcpy(buf, block + data_at + h, len);
 	}
-	if (r || !(*st & PART_RAW)) {
-		cache_buf_put(f->mapping->cache, block, total);
-		return r ? r : -EAGAIN;
-	}
-	/* the frame header's real size picks the bytes out of the spans */
-	h = known ? 0 : (*st & PART_OFF) - ZSEEK_BLOCK_HEADER - HDR_MIN;
-	if ((k && !zseek_raw_block_ok(block + ZSEEK_RAW_PROBE + h, fr, k)) ||
-	    rr[n - 1].res < (int)(h + len)) {
-		cache_buf_put(f->mapping->cache, block, total);
-		return k ? -EAGAIN : -EIO;
-	}
-	memcpy(buf, block + ZSEEK_RAW_PROBE + span + ZSEEK_BLOCK_HEADER + h,
-	       len);
-	cache_buf_put(f->mapping->cache, block, total);
-	return 0;
+	cache_buf_put(c, block, total);
+	return r;
 }
 
 static int part_read(struct zfile *f, struct mapping *m, void *io_ctx,
 		     unsigned long index, uint32_t off, uint32_t len,
 		     void *buf)
 {
-	uint8_t st = atomic_load_explicit(&f->parts[index],
-					  memory_order_relaxed);
 	ssize_t n;
-	int r;
 
-	if (st & PART_SEEN)
+	if (atomic_fetch_or_explicit(&f->parts[index], PART_SEEN,
+				     memory_order_relaxed) &
+	    PART_SEEN)
 		return -EAGAIN;
-	atomic_fetch_or_explicit(&f->parts[index], PART_SEEN,
-				 memory_order_relaxed);
 	if (f->idx.kind == ZSEEK_RAW) {
 		n = fd_read(f, buf, len, mapping_folio_pos(m, index) + off);
 		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
 	}
 	/* a slot of a split frame starts slot_skip into it */
-	r = part_read_frame(f, io_ctx, &f->idx.frames[slot_frame(f, index)],
-			    &st,
-			    off + (uint32_t)(f->slot_skip ? f->slot_skip[index]
-							  : 0),
-			    len, buf);
-	atomic_fetch_or_explicit(&f->parts[index], st, memory_order_relaxed);
-	return r;
+	return part_read_frame(f, io_ctx, &f->idx.frames[slot_frame(f, index)],
+			       off + (f->slot_skip ? f->slot_skip[index] : 0),
+			       len, buf);
 }
 
 static int zfile_read_part(struct mapping *m, void *io_ctx,
@@ -801,18 +786,16 @@ static int zfile_read_part(struct mapping *m, void *io_ctx,
 			   void *buf)
 {
 	struct zfile *f = m->host;
-	uint8_t st;
 	int r;
 
-	if (!f->parts || index >= f->nslots)
+	if (!f->parts || index >= f->nslots ||
+	    (atomic_load_explicit(&f->parts[index], memory_order_relaxed) &
+	     PART_SEEN))
 		return -EAGAIN;
 	/* a compressed frame (never smaller than its content if raw) */
 	if (f->idx.kind != ZSEEK_RAW &&
 	    f->idx.frames[slot_frame(f, index)].c_size <=
 		    f->idx.frames[slot_frame(f, index)].d_size)
-		return -EAGAIN;
-	st = atomic_load_explicit(&f->parts[index], memory_order_relaxed);
-	if ((st & PART_SEEN) || ((st & PART_KNOWN) && !(st & PART_RAW)))
 		return -EAGAIN;
 	r = zfile_fd_get(f);
 	if (r)

@@ -251,8 +251,7 @@ static void window_share(struct ra_pending *p)
 	fill_work_init(&p->work, &p->b, p->order, n, ndemand, pending_done);
 	if (p->b.serial)
 		return;
-	if (m->ops->wait_io)
-		m->ops->wait_io(&p->b);
+	cache_wait_io(&p->b);
 	fill_work_share(m->cache, &p->work);
 }
 
