@@ -84,7 +84,7 @@ int zfile_build_geometry(struct zfile *f)
 		f->nslots = (unsigned long)((idx->content_size +
 					     ZSEEK_DEFAULT_FRAME - 1) /
 					    ZSEEK_DEFAULT_FRAME);
-		f->parts = calloc(f->nslots ? f->nslots : 1, 1);
+		f->parts = calloc(f->nslots ? f->nslots : 1, sizeof(*f->parts));
 		return f->parts ? 0 : -ENOMEM;
 	}
 	for (uint32_t i = 0; i < idx->nframes; i++) {
@@ -102,7 +102,7 @@ int zfile_build_geometry(struct zfile *f)
 	}
 	f->nslots = n;
 	f->starts = calloc(n + 1, sizeof(*f->starts));
-	f->parts = calloc(n ? n : 1, 1);
+	f->parts = calloc(n ? n : 1, sizeof(*f->parts));
 	if (split) {
 		f->slot_frame = calloc(n ? n : 1, sizeof(*f->slot_frame));
 		f->slot_skip = calloc(n ? n : 1, sizeof(*f->slot_skip));
@@ -510,6 +510,7 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 
 	int err;
 
+	atomic_fetch_add_explicit(&f->ds->fill_clock, 1, memory_order_relaxed);
 	if (f->idx.kind == ZSEEK_RAW)
 		return io->err[i];
 	if (slot_split(f, slot))
@@ -635,11 +636,15 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
  * block read (raw, of the right size); the frame's checksum only when the
  * frame is read whole.  It reads the frame's first ZSEEK_RAW_PROBE bytes,
  * the block's header and the bytes asked for at once; a frame with
- * compressed blocks is then filled as usual.  A folio read in part once
- * (PART_SEEN) is filled the next time: it is being reused, and belongs in
- * the cache.
+ * compressed blocks is then filled as usual.
+ *
+ * A folio read in part again soon is filled instead: it is being reused,
+ * and belongs in the cache.  "Soon" is the refault distance of
+ * mm/workingset.c counted in folios filled since (ds->fill_clock): if more
+ * were filled than the budget holds, the folio would have been evicted in
+ * between had it been cached, so caching it now would not pay either, and
+ * it is read in part again.
  */
-enum { PART_SEEN = 1 };
 
 /*
  * The reads of one part read, at once on the worker's ring when there are
@@ -761,16 +766,25 @@ static int part_read_frame(struct zfile *f, void *io_ctx,
 	return r;
 }
 
+/* Whether folio index is read in part this time (see above); marks it. */
+static bool part_due(struct zfile *f, struct mapping *m, unsigned long index)
+{
+	uint32_t now = atomic_load_explicit(&f->ds->fill_clock,
+					    memory_order_relaxed) + 1;
+	uint32_t last = atomic_exchange_explicit(&f->parts[index], now ? now : 1,
+						 memory_order_relaxed);
+	long fits = counter_max(&m->cache->budget.root.mem) /
+		    (long)mapping_folio_pages(m, index);
+
+	return !last || (long)(uint32_t)(now - last) > fits;
+}
+
 static int part_read(struct zfile *f, struct mapping *m, void *io_ctx,
 		     unsigned long index, uint32_t off, uint32_t len,
 		     void *buf)
 {
 	ssize_t n;
 
-	if (atomic_fetch_or_explicit(&f->parts[index], PART_SEEN,
-				     memory_order_relaxed) &
-	    PART_SEEN)
-		return -EAGAIN;
 	if (f->idx.kind == ZSEEK_RAW) {
 		n = fd_read(f, buf, len, mapping_folio_pos(m, index) + off);
 		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
@@ -788,14 +802,14 @@ static int zfile_read_part(struct mapping *m, void *io_ctx,
 	struct zfile *f = m->host;
 	int r;
 
-	if (!f->parts || index >= f->nslots ||
-	    (atomic_load_explicit(&f->parts[index], memory_order_relaxed) &
-	     PART_SEEN))
+	if (!f->parts || index >= f->nslots)
 		return -EAGAIN;
 	/* a compressed frame (never smaller than its content if raw) */
 	if (f->idx.kind != ZSEEK_RAW &&
 	    f->idx.frames[slot_frame(f, index)].c_size <=
 		    f->idx.frames[slot_frame(f, index)].d_size)
+		return -EAGAIN;
+	if (!part_due(f, m, index))
 		return -EAGAIN;
 	r = zfile_fd_get(f);
 	if (r)

@@ -105,7 +105,8 @@ struct zfile {
 	uint32_t *slot_frame;  /* NULL: folio i is frame i */
 	uint64_t *slot_skip;
 	uint32_t folio_size;   /* fixed size of every folio but the last, or 0 */
-	_Atomic uint8_t *parts; /* per folio: what part reads learned (PART_*) */
+	/* per folio: ds->fill_clock + 1 when last read in part, or 0 */
+	_Atomic uint32_t *parts;
 	pthread_mutex_t stream_lock;
 	struct zseek_stream stream; /* for split frames */
 	bool stream_ready;
@@ -173,6 +174,7 @@ struct dataset {
 	struct options *opt;
 	struct manifest *mf;     /* the dataset's manifest, or NULL */
 	atomic_long meta_bytes;  /* metadata charged (meta.c) */
+	atomic_uint fill_clock;  /* folios filled from backing, ever */
 	atomic_long meta_pages;
 	struct stream_pool streams;
 	struct fd_cache fds;

@@ -33,7 +33,7 @@ long zfile_meta_bytes(const struct zfile *f)
 		n += (long)f->nslots *
 		     (long)(sizeof(*f->slot_frame) + sizeof(*f->slot_skip));
 	if (f->parts)
-		n += (long)f->nslots;
+		n += (long)f->nslots * (long)sizeof(*f->parts);
 	return n + (long)sizeof(struct mapping) +
 	       (long)(f->nslots ? f->nslots : 1) * (long)sizeof(void *);
 }

@@ -46,8 +46,9 @@ def test_parts():
     and the zstd CLI write them, with and without checksums, 128K and 256K
     frames of one and two raw blocks, reads across a block header, plain
     files) are served from the backing bytes alone (part_reads), every byte
-    right; the same folios read again are filled and cached; compressed
-    frames are never read in part."""
+    right; the same folios read again soon are filled and cached, and read
+    in part again after more fills than the budget holds; compressed frames
+    are never read in part."""
     require_root_fuse()
     with tmpdir() as d:
         src, mnt = d + "/src", d + "/mnt"
@@ -79,6 +80,19 @@ def test_parts():
                       "%s: folios read in part twice are filled: %d -> %d" % (
                           frame, filled, st["folios_read"]))
                 check(st["file"] > 0, "and cached")
+        # far apart: read in part again.  A 4 MiB budget holds 32 frames;
+        # reading the whole 128-frame file between two reads of a frame
+        # fills more than that, so caching that frame would not have paid
+        dst = d + "/ds128K"
+        with Mount(dst, mnt, "budget=4M") as m:
+            offs = random_small_reads(mnt + "/rand", rnd, 20, 4)
+            first = m.stat()["part_reads"]
+            with open(mnt + "/rand", "rb") as f:
+                check(f.read() == rnd, "whole file")
+            reread(mnt + "/rand", rnd, offs)
+            again = m.stat()["part_reads"] - first
+            print("budget=4M: %d part reads, %d more after a pass over the file" % (first, again))
+            check(again >= first - 2, "read in part again after more fills than the budget holds")
         # foreign files: the zstd CLI's incompressible frames, a plain file,
         # and compressible text, which is never read in part
         fds = d + "/foreign"
