@@ -68,40 +68,53 @@ void file_read_state_init(struct file_read_state *file)
 }
 
 /*
- * Wait for batch b's backing reads (ops->wait_io) before its fills are
- * shared: RCU-offline like a fill, so that no grace period waits on a disk.
+ * Around a long wait inside a request (backing I/O, a decode): the worker
+ * goes RCU-offline, so that no grace period waits for it, after pinning
+ * the hot folios it holds without references.  If one of them is already
+ * being evicted it stays online: it must not wait for the grace period
+ * that frees it.  Returns whether it went offline, for long_wait_end().
  */
+static bool long_wait_begin(void)
+{
+	bool offline = read_pin_lockless();
+
+	if (offline)
+		cache_thread_offline();
+	return offline;
+}
+
+static void long_wait_end(bool offline)
+{
+	if (offline)
+		cache_thread_online();
+}
+
+/* Wait for batch b's backing reads (ops->wait_io) before its fills are
+ * shared, as a long wait. */
 void cache_wait_io(struct fill_batch *b)
 {
 	bool offline;
 
 	if (!b->mapping->ops->wait_io)
 		return;
-	offline = read_pin_lockless();
-	if (offline)
-		cache_thread_offline();
+	offline = long_wait_begin();
 	b->mapping->ops->wait_io(b);
-	if (offline)
-		cache_thread_online();
+	long_wait_end(offline);
 }
 
 /*
  * Fill folio i of batch b and publish the result to its waiters.  A fill
  * may wait for I/O or decode for long (a frame streamed from its start):
- * the worker does it RCU-offline, so that no grace period waits for it,
- * after pinning the hot folios it holds without references.
+ * a long wait.
  */
 int cache_fill_batch(struct fill_batch *b, unsigned int i)
 {
 	struct folio *f = b->folios[i];
-	bool offline = read_pin_lockless();
+	bool offline = long_wait_begin();
 	int err;
 
-	if (offline)
-		cache_thread_offline();
 	err = b->mapping->ops->fill(b, i);
-	if (offline)
-		cache_thread_online();
+	long_wait_end(offline);
 
 	if (err) {
 		stat_inc(f->group, err == -EBADMSG ? STAT_CORRUPT_FRAMES
@@ -199,15 +212,11 @@ static int read_part(struct read_req *rq, unsigned long i, uint64_t from,
 	f->mapping = m;
 	f->data = cache_buf_get(m->cache, f->len);
 	if (f->data) {
-		/* backing I/O: RCU-offline, as a fill */
-		bool offline = read_pin_lockless();
+		bool offline = long_wait_begin(); /* backing I/O */
 
-		if (offline)
-			cache_thread_offline();
 		err = m->ops->read_part(m, rq->io_ctx, i, (uint32_t)from,
 					f->len, f->data);
-		if (offline)
-			cache_thread_online();
+		long_wait_end(offline);
 	} else {
 		err = -EAGAIN;
 	}

@@ -321,9 +321,34 @@ static int zfile_submit(struct fill_batch *b)
 }
 
 /*
- * Wait until run k has completed; finish a short read by pread.  The
- * result is final after the first call (r->res: the length, or -errno), so
- * later calls, from any thread, only read it.
+ * A read that completed, made final: refused as uncached, it is read
+ * plainly (and so is every read of f from now on); short, the rest is read
+ * by pread.  r->res: the bytes read (fewer only at the end of the file), or
+ * -errno.  *dontcache says whether it was asked uncached, and is cleared:
+ * a result made final stays as it is.
+ */
+static void read_complete(struct zfile *f, struct ring_read *r,
+			  bool *dontcache)
+{
+	uint64_t got;
+	ssize_t n;
+
+	if (r->res < 0 && *dontcache &&
+	    (r->res == -EOPNOTSUPP || r->res == -EINVAL)) {
+		atomic_store(&f->dontcache, false);
+		r->res = 0;
+	}
+	*dontcache = false;
+	if (r->res < 0 || (uint64_t)r->res >= r->len)
+		return;
+	got = (uint64_t)r->res;
+	n = fd_read(f, r->dst + got, r->len - got, r->off + got);
+	r->res = n < 0 ? (int)n : (int)(got + (uint64_t)n);
+}
+
+/*
+ * Wait until run k has completed, and make its result final (the length,
+ * or -errno): later calls, from any thread, only read it.
  */
 static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 {
@@ -335,26 +360,10 @@ static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 		return -EIO;
 	if (r->res >= 0 && (uint64_t)r->res == r->len)
 		return 0;
-	if (r->res < 0 && io->dontcache[k] &&
-	    (r->res == -EOPNOTSUPP || r->res == -EINVAL)) {
-		/* uncached reads refused here: plain reads from now on */
-		atomic_store(&f->dontcache, false);
-		io->dontcache[k] = false; /* once: the result below is final */
-		r->res = 0;
-	}
-	if (r->res < 0)
-		return r->res;
-	if ((uint64_t)r->res < r->len) {
-		uint64_t got = (uint64_t)r->res;
-		ssize_t n = fd_read(f, r->dst + got, r->len - got, r->off + got);
-
-		r->res = n < 0 ? (int)n : (int)(got + (uint64_t)n);
-		if (r->res >= 0 && (uint64_t)r->res < r->len)
-			r->res = -EIO; /* the file is shorter than its index */
-		if (r->res < 0)
-			return r->res;
-	}
-	return 0;
+	read_complete(f, r, &io->dontcache[k]);
+	if (r->res >= 0 && (uint64_t)r->res < r->len)
+		r->res = -EIO; /* the file is shorter than its index */
+	return r->res < 0 ? r->res : 0;
 }
 
 /* Every read of the batch in, by the worker whose ring they are on. */
@@ -385,13 +394,12 @@ static void dctx_key_init(void)
 	dctx_key_ok = pthread_key_create(&dctx_key, dctx_free) == 0;
 }
 
-/* This thread's decoder: a fill may run on a fill thread, not io_ctx's. */
-static ZSTD_DCtx *dctx_of(void *io_ctx)
+/* This thread's decoder: a fill may run on a fill thread, not the worker's. */
+static ZSTD_DCtx *dctx_of(void)
 {
 	struct worker *w = current_worker;
 	ZSTD_DCtx *d;
 
-	(void)io_ctx;
 	if (w)
 		return w->dctx;
 	pthread_once(&dctx_once, dctx_key_init);
@@ -518,7 +526,7 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	err = run_wait(f, io, io->run[i]);
 	if (err)
 		return err;
-	dctx = dctx_of(b->io_ctx);
+	dctx = dctx_of();
 	if (!dctx)
 		return -ENOMEM;
 	return zseek_decode_frame(dctx, &f->idx.frames[slot_frame(f, slot)],
@@ -580,7 +588,7 @@ static void zfile_finish(struct fill_batch *b)
 }
 
 /* One folio's content into buf, its file's fd held. */
-static int read_one_folio(struct zfile *f, struct mapping *m, void *io_ctx,
+static int read_one_folio(struct zfile *f, struct mapping *m,
 			  unsigned long index, void *buf)
 {
 	uint32_t len = mapping_folio_len(m, index);
@@ -597,7 +605,7 @@ static int read_one_folio(struct zfile *f, struct mapping *m, void *io_ctx,
 	if (slot_split(f, index))
 		return read_split(f, index, buf, len);
 	fr = &f->idx.frames[slot_frame(f, index)];
-	dctx = dctx_of(io_ctx);
+	dctx = dctx_of();
 	src = cache_buf_get(m->cache, fr->c_size);
 	if (!src || !dctx) {
 		cache_buf_put(m->cache, src, fr->c_size);
@@ -619,9 +627,10 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
 	struct zfile *f = m->host;
 	int r = zfile_fd_get(f);
 
+	(void)io_ctx; /* every thread decodes with its own context */
 	if (r)
 		return r;
-	r = read_one_folio(f, m, io_ctx, index, buf);
+	r = read_one_folio(f, m, index, buf);
 	zfile_fd_put(f);
 	return r;
 }
@@ -678,22 +687,9 @@ static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 		return -EIO;
 	}
 	for (int i = 0; i < n; i++) {
-		uint64_t got;
-		ssize_t more;
+		bool asked_dc = dc;
 
-		if (rr[i].res < 0 && dc &&
-		    (rr[i].res == -EOPNOTSUPP || rr[i].res == -EINVAL)) {
-			atomic_store(&f->dontcache, false);
-			rr[i].res = 0;
-		}
-		if (rr[i].res < 0)
-			continue;
-		got = (uint64_t)rr[i].res;
-		if (got < rr[i].len) { /* short: the rest by pread */
-			more = fd_read(f, rr[i].dst + got, rr[i].len - got,
-				       rr[i].off + got);
-			rr[i].res = more < 0 ? (int)more : (int)(got + (uint64_t)more);
-		}
+		read_complete(f, &rr[i], &asked_dc);
 	}
 	return 0;
 }

@@ -164,6 +164,26 @@ bool manifest_ino(const struct dataset *ds, fuse_ino_t ino)
 	return ds->mf && ino >= 2 && ino - 2 < ds->mf->nentries;
 }
 
+/* The entry of inode ino (not the root), allocated: 0 or -errno. */
+static int entry_of(struct dataset *ds, fuse_ino_t ino, struct mf_entry **out)
+{
+	struct mf_entry *e;
+	int r;
+
+	if (!manifest_ino(ds, ino))
+		return -ENOENT;
+	e = malloc(sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	r = mf_entry_at(ds, ino - 2, e);
+	if (r) {
+		free(e);
+		return r;
+	}
+	*out = e;
+	return 0;
+}
+
 /* The path of directory inode ino: "" for the root. */
 static int dir_path(struct dataset *ds, fuse_ino_t ino, char *out,
 		    size_t cap, size_t *len)
@@ -176,21 +196,17 @@ static int dir_path(struct dataset *ds, fuse_ino_t ino, char *out,
 		*len = 0;
 		return 0;
 	}
-	if (!manifest_ino(ds, ino))
-		return -ENOENT;
-	e = malloc(sizeof(*e));
-	if (!e)
-		return -ENOMEM;
-	r = mf_entry_at(ds, ino - 2, e);
-	if (!r && !S_ISDIR(e->st.st_mode))
+	r = entry_of(ds, ino, &e);
+	if (r)
+		return r;
+	if (!S_ISDIR(e->st.st_mode))
 		r = -ENOTDIR;
-	if (!r && e->plen + 1 + e->nlen + 1 > cap)
+	else if (e->plen + 1 + e->nlen + 1 > cap)
 		r = -ENAMETOOLONG;
-	if (!r) {
+	else
 		*len = (size_t)snprintf(out, cap, "%.*s%s%s", (int)e->plen,
 					e->parent, e->plen ? "/" : "",
 					e->name);
-	}
 	free(e);
 	return r;
 }
@@ -204,16 +220,12 @@ int manifest_stat(struct dataset *ds, fuse_ino_t ino, struct stat *st)
 		*st = ds->mf->root;
 		return 0;
 	}
-	if (!manifest_ino(ds, ino))
-		return -ENOENT;
-	e = malloc(sizeof(*e));
-	if (!e)
-		return -ENOMEM;
-	r = mf_entry_at(ds, ino - 2, e);
-	if (!r)
-		*st = e->st;
+	r = entry_of(ds, ino, &e);
+	if (r)
+		return r;
+	*st = e->st;
 	free(e);
-	return r;
+	return 0;
 }
 
 int manifest_lookup(struct dataset *ds, fuse_ino_t parent, const char *name,
