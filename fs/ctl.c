@@ -62,6 +62,12 @@ static int read_json(struct group *g, char *buf, size_t len)
 	return stat_format_json(g, buf, len);
 }
 
+static int read_transport(struct group *g, char *buf, size_t len)
+{
+	(void)g;
+	return furing_describe(buf, len);
+}
+
 /* A size in bytes, or "max": pages.  Rounds down, like the kernel. */
 static int parse_pages(const char *s, long *pages)
 {
@@ -127,6 +133,10 @@ const struct ctl_file ctl_files[] = {
 	 "every statistic, hierarchical, exact when read"},
 	{"memory.stat.json", 0444, read_json, NULL,
 	 "the same and the limits, as one JSON object"},
+	{"transport", 0444, read_transport, NULL,
+	 "how requests reach the daemon (uring or dev), its io_uring queues "
+	 "and entries, and the requests served over io_uring; the same in "
+	 "every group"},
 };
 const int nr_ctl_files = (int)(sizeof(ctl_files) / sizeof(ctl_files[0]));
 #define NR_CTL_FILES nr_ctl_files

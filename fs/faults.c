@@ -8,6 +8,8 @@
  *   uring_submit:N  io_uring_submit() refuses with EAGAIN (retried)
  *   uring_wait:N    io_uring_wait_cqe() fails with EIO (the ring breaks)
  *   slow:N          every backing read of file data takes N ms longer
+ *   uring_register:N the kernel is made to refuse every Nth FUSE io_uring
+ *                   entry (a header buffer too small for it)
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -25,6 +27,7 @@ enum fault_mode {
 	FAULT_URING_SUBMIT,
 	FAULT_URING_WAIT,
 	FAULT_SLOW,
+	FAULT_URING_REGISTER,
 };
 
 static const char *const fault_names[] = {
@@ -33,6 +36,7 @@ static const char *const fault_names[] = {
 	[FAULT_URING_SUBMIT] = "uring_submit",
 	[FAULT_URING_WAIT] = "uring_wait",
 	[FAULT_SLOW] = "slow",
+	[FAULT_URING_REGISTER] = "uring_register",
 };
 
 static enum fault_mode fault_mode;
@@ -47,7 +51,7 @@ void backing_faults_from_env(void)
 
 	if (!s || s[len] != ':' || sscanf(s + len + 1, "%u", &n) != 1 || !n)
 		return;
-	for (int m = FAULT_EIO; m <= FAULT_SLOW; m++)
+	for (int m = FAULT_EIO; m <= FAULT_URING_REGISTER; m++)
 		if (strlen(fault_names[m]) == len &&
 		    strncmp(s, fault_names[m], len) == 0) {
 			fault_mode = (enum fault_mode)m;
@@ -90,4 +94,9 @@ int fault_uring_submit(void)
 int fault_uring_wait(void)
 {
 	return fault_due(FAULT_URING_WAIT) ? -EIO : 0;
+}
+
+bool fault_uring_register(void)
+{
+	return fault_due(FAULT_URING_REGISTER);
 }

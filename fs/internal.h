@@ -24,6 +24,7 @@
 enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
 enum backing_cache { BACKING_DROP, BACKING_KEEP };
 enum backing_io { BACKING_URING, BACKING_PREAD };
+enum transport { TRANSPORT_AUTO, TRANSPORT_URING, TRANSPORT_DEV };
 /* "auto" for an OPT_UINT whose default is auto */
 #define OPT_UINT_AUTO UINT32_MAX
 
@@ -44,6 +45,7 @@ struct options {
 	enum cache_mode cache;
 	enum backing_cache backing_cache;
 	enum backing_io backing_io;
+	enum transport transport;
 	enum ra_reclaim_mode ra_reclaim;
 	enum group_by group_by;
 	bool lockless;
@@ -370,6 +372,7 @@ void backing_faults_from_env(void);
 long fault_apply(long res, uint64_t len);
 int fault_uring_submit(void);
 int fault_uring_wait(void);
+bool fault_uring_register(void);
 
 /* ctl.c: the control files, declared once in ctl_files[] */
 #define CTL_DIR_ID (-1)
@@ -397,8 +400,25 @@ void zlog_init(enum zlog_to to);
 void zlog_file(const char *what, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-/* initio.c */
-int initio_install(struct fuse_session *se);
+/* initio.c: INIT's extra flags, and where replies go */
+int initio_install(struct fuse_session *se, bool allow_mmap, bool uring);
+int initio_wait(long ms);
+uint32_t initio_offered(void);
+
+/* furing.c: FUSE requests over io_uring, one entry per worker thread */
+struct furing_ent;
+unsigned int furing_queues(void);
+void furing_set_payload(size_t max_write, unsigned int max_pages);
+int furing_ent_new(struct fuse_session *se, unsigned int qid, bool refuse,
+		   struct furing_ent **out);
+int furing_ent_next(struct furing_ent *e, int timeout_ms);
+void furing_ent_process(struct furing_ent *e);
+void furing_reply_error(struct furing_ent *e, uint64_t unique, int err);
+ssize_t furing_reply(const struct iovec *iov, int count);
+void furing_ent_free(struct furing_ent *e);
+void furing_set_state(bool serving, unsigned int queues,
+		      unsigned int entries);
+int furing_describe(char *buf, size_t len);
 
 /* ops.c */
 extern const struct fuse_lowlevel_ops zfolio_ops;

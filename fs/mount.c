@@ -175,16 +175,20 @@ struct loop_worker {
 	struct loop *lp;
 	atomic_bool receiving; /* waiting for a request (or about to) */
 	atomic_bool alive;
+	bool uring;      /* serves an io_uring entry, not /dev/fuse */
+	unsigned int qid; /* the entry's queue */
+	int reg_err;     /* its registration's result, once registered posts */
 };
 
 struct loop {
 	struct fuse_session *se;
-	bool ring;
+	bool backing_uring;
 	atomic_bool stopping;
 	struct timespec drain_end; /* set before stopping */
 	sem_t done; /* a worker left */
+	sem_t registered; /* an io_uring worker's entry registered or failed */
 	struct loop_worker *workers;
-	unsigned int n;
+	unsigned int n, cap;
 };
 
 static void wake_handler(int sig)
@@ -272,58 +276,128 @@ static void worker_serve(struct loop_worker *me, struct fuse_buf *buf)
 	}
 }
 
+/*
+ * The same over an io_uring entry: the kernel hands it the next request;
+ * while stopping, a worker leaves once none has come for LOOP_QUIET_MS.
+ * Its last reply is sent as it leaves.
+ */
+static void uring_serve(struct loop_worker *me, struct furing_ent *e)
+{
+	struct loop *lp = me->lp;
+
+	for (;;) {
+		bool stopping = atomic_load(&lp->stopping);
+		int r;
+
+		if (stopping && drain_over(lp))
+			break;
+		if (!stopping && fuse_session_exited(lp->se))
+			break;
+		atomic_store(&me->receiving, true);
+		cache_thread_offline();
+		r = furing_ent_next(e, stopping ? LOOP_QUIET_MS : -1);
+		cache_thread_online();
+		atomic_store(&me->receiving, false);
+		if (r == -EINTR)
+			continue;
+		if (r == -ETIME && stopping)
+			break; /* nothing came: done */
+		if (r == -ETIME)
+			continue;
+		if (r < 0) {
+			/* the kernel ended the connection (unmount, abort) */
+			if (r != -ENOTCONN && r != -ECONNABORTED)
+				fprintf(stderr, "%s: io_uring queue %u: %s\n",
+					progname, me->qid, strerror(-r));
+			break;
+		}
+		furing_ent_process(e);
+		cache_quiescent();
+	}
+}
+
 static void *worker_main(void *arg)
 {
 	struct loop_worker *me = arg;
 	struct fuse_buf buf = {.mem = NULL};
 	static atomic_int ids;
 	struct worker *w = worker_create(atomic_fetch_add(&ids, 1),
-					 me->lp->ring);
+					 me->lp->backing_uring);
+	struct furing_ent *e = NULL;
 	sigset_t wake;
 
 	sigemptyset(&wake);
 	sigaddset(&wake, LOOP_WAKE_SIGNAL);
 	pthread_sigmask(SIG_UNBLOCK, &wake, NULL);
+	if (me->uring) {
+		me->reg_err = w ? furing_ent_new(me->lp->se, me->qid,
+						 fault_uring_register(), &e)
+				: -ENOMEM;
+		sem_post(&me->lp->registered);
+		if (me->reg_err) {
+			worker_destroy(w);
+			w = NULL;
+		}
+	} else if (!w) {
+		fuse_session_exit(me->lp->se);
+	}
 	if (w) {
 		current_worker = w;
 		cache_thread_register();
-		worker_serve(me, &buf);
+		if (e)
+			uring_serve(me, e);
+		else
+			worker_serve(me, &buf);
+		furing_ent_free(e);
 		cache_thread_unregister();
 		free(buf.mem);
 		current_worker = NULL;
 		worker_destroy(w);
-	} else {
-		fuse_session_exit(me->lp->se);
 	}
 	atomic_store(&me->alive, false);
 	sem_post(&me->lp->done);
 	return NULL;
 }
 
-static int loop_start(struct loop *lp, unsigned int n)
+/* Start n workers (on io_uring queue qid if uring); how many started. */
+static unsigned int loop_add(struct loop *lp, unsigned int n, bool uring,
+			     unsigned int qid)
 {
-	struct sigaction sa = {.sa_handler = wake_handler}; /* no SA_RESTART */
 	sigset_t all, old;
+	unsigned int started = 0;
 
-	lp->workers = calloc(n, sizeof(*lp->workers));
-	if (!lp->workers)
-		return -ENOMEM;
-	sem_init(&lp->done, 0, 0);
-	sigaction(LOOP_WAKE_SIGNAL, &sa, NULL);
 	/* other signals go to the main thread, which stops the loop */
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
-	for (lp->n = 0; lp->n < n; lp->n++) {
+	for (; started < n && lp->n < lp->cap; started++) {
 		struct loop_worker *w = &lp->workers[lp->n];
 
 		w->lp = lp;
+		w->uring = uring;
+		w->qid = qid;
 		atomic_init(&w->receiving, false);
 		atomic_init(&w->alive, true);
 		if (pthread_create(&w->thread, NULL, worker_main, w))
 			break;
+		lp->n++;
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return lp->n ? 0 : -EAGAIN;
+	return started;
+}
+
+/* n workers on /dev/fuse, room for cap in all */
+static int loop_start(struct loop *lp, unsigned int n, unsigned int cap)
+{
+	struct sigaction sa = {.sa_handler = wake_handler}; /* no SA_RESTART */
+
+	lp->workers = calloc(cap, sizeof(*lp->workers));
+	if (!lp->workers)
+		return -ENOMEM;
+	lp->cap = cap;
+	sem_init(&lp->done, 0, 0);
+	sem_init(&lp->registered, 0, 0);
+	sigaction(LOOP_WAKE_SIGNAL, &sa, NULL);
+	return loop_add(lp, n, false, 0) ? 0 : -EAGAIN;
 }
 
 /* Stop taking requests; wait until every worker has replied and left. */
@@ -387,6 +461,7 @@ static void loop_wait(struct loop *lp)
 	fuse_session_unmount(lp->se);
 	free(lp->workers);
 	sem_destroy(&lp->done);
+	sem_destroy(&lp->registered);
 }
 
 static void raise_fd_limit(void)
@@ -445,6 +520,29 @@ static int parse_args(struct daemon *d)
 	return RUN;
 }
 
+#define ENABLE_URING "/sys/module/fuse/parameters/enable_uring"
+
+/* transport=uring: is FUSE over io_uring on in this kernel? */
+static int check_uring(void)
+{
+	FILE *f = fopen(ENABLE_URING, "re");
+	int c = f ? fgetc(f) : EOF;
+
+	if (f)
+		fclose(f);
+	if (c == 'Y' || c == '1')
+		return 0;
+	if (!f)
+		fprintf(stderr, "%s: transport=uring: this kernel has no FUSE "
+				"over io_uring (Linux 6.14+, "
+				"CONFIG_FUSE_IO_URING)\n", progname);
+	else
+		fprintf(stderr, "%s: transport=uring: FUSE over io_uring is off "
+				"(as root: echo 1 > %s)\n", progname,
+			ENABLE_URING);
+	return -1;
+}
+
 /* Everything that can be refused before mounting, with a clear reason. */
 static int check_args(struct daemon *d)
 {
@@ -473,6 +571,8 @@ static int check_args(struct daemon *d)
 			progname);
 		return -1;
 	}
+	if (o->transport == TRANSPORT_URING && check_uring())
+		return -1;
 	cores = sysconf(_SC_NPROCESSORS_ONLN);
 	if (!o->threads)
 		o->threads = (unsigned int)(cores > 0 ? 2 * cores : 2);
@@ -514,29 +614,92 @@ static int mount_session(struct daemon *d)
 			d->fopts.mountpoint);
 		return -1;
 	}
-	/* shared mappings of direct_io files: see initio.c */
-	if (d->opt.cache == CACHE_ENGINE && initio_install(d->se))
-		fprintf(stderr, "%s: cannot watch INIT: MAP_SHARED will fail\n",
+	/* shared mappings of direct_io files, io_uring: see initio.c */
+	if (initio_install(d->se, d->opt.cache == CACHE_ENGINE,
+			   d->opt.transport != TRANSPORT_DEV)) {
+		fprintf(stderr, "%s: cannot install the session's I/O\n",
 			progname);
+		return -1;
+	}
 	return 0;
+}
+
+/*
+ * FUSE over io_uring, once INIT is answered: per_queue workers on each
+ * queue, each registering its entry.  0 when the ring serves (or, with
+ * transport=auto, when it cannot and /dev/fuse goes on alone).
+ */
+static int uring_start(struct daemon *d, struct loop *lp, unsigned int nq,
+		       unsigned int per_queue)
+{
+	bool strict = d->opt.transport == TRANSPORT_URING;
+	unsigned int started = 0, ready = 0, from = lp->n;
+	int r = initio_wait(10000), err = 0;
+
+	if (r != 1) {
+		if (strict)
+			fprintf(stderr,
+				"%s: transport=uring: %s\n", progname,
+				r < 0 ? "the kernel did not send INIT"
+				      : "the kernel did not offer FUSE over "
+					"io_uring at INIT");
+		return strict ? -1 : 0;
+	}
+	for (unsigned int q = 0; q < nq; q++)
+		started += loop_add(lp, per_queue, true, q);
+	for (unsigned int i = 0; i < started; i++)
+		sem_wait(&lp->registered);
+	for (unsigned int q = 0; q < nq; q++) {
+		bool any = false;
+
+		for (unsigned int i = from; i < lp->n; i++)
+			if (lp->workers[i].qid == q && !lp->workers[i].reg_err)
+				any = true;
+			else if (lp->workers[i].qid == q && !err)
+				err = lp->workers[i].reg_err;
+		ready += any;
+	}
+	if (started < nq * per_queue && !err)
+		err = -EAGAIN;
+	furing_set_state(ready == nq, nq, started);
+	if (ready == nq && !err)
+		return 0;
+	if (ready == nq) {
+		fprintf(stderr, "%s: FUSE over io_uring: some entries refused "
+				"(%s); serving with the others\n",
+			progname, strerror(-err));
+		return 0;
+	}
+	fprintf(stderr, "%s: %s: the kernel refused to register (%s)%s\n",
+		progname, strict ? "transport=uring" : "FUSE over io_uring",
+		strerror(-err), strict ? "" : "; serving over /dev/fuse");
+	return strict ? -1 : 0;
 }
 
 /* Detach (unless -f), start the threads and serve until unmounted. */
 static int serve(struct daemon *d)
 {
 	struct loop lp = {.se = d->se,
-			  .ring = d->opt.backing_io == BACKING_URING};
+			  .backing_uring = d->opt.backing_io == BACKING_URING};
+	unsigned int nq = furing_queues(), per_queue = d->opt.threads;
+	bool uring = d->opt.transport != TRANSPORT_DEV;
+	int ret = 0;
 
 	fuse_daemonize(d->opt.foreground);
 	/* threads only after the fork: the daemon's copy has none of them */
 	if (inodes_init(&d->ds) || cache_start(&d->ds.cache) ||
-	    loop_start(&lp, d->opt.threads)) {
+	    loop_start(&lp, d->opt.threads,
+		       d->opt.threads + (uring ? nq * per_queue : 0))) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
 		fuse_session_unmount(d->se);
 		return -1;
 	}
+	if (uring && uring_start(d, &lp, nq, per_queue)) {
+		stop_signal = SIGTERM;
+		ret = -1;
+	}
 	loop_wait(&lp);
-	return 0;
+	return ret;
 }
 
 static void daemon_free(struct daemon *d)

@@ -21,6 +21,7 @@ static const char *const readaround_modes[] = {"adaptive", "fixed", "off",
 					       NULL};
 static const char *const backing_modes[] = {"drop", "keep", NULL};
 static const char *const io_modes[] = {"uring", "pread", NULL};
+static const char *const transports[] = {"auto", "uring", "dev", NULL};
 static const char *const bool_values[] = {"0", "1", NULL};
 
 #define OFF(f) offsetof(struct options, f)
@@ -72,6 +73,11 @@ const struct opt_desc opt_table[] = {
 	 "backing reads: one io_uring submission per window (uring), or "
 	 "plain pread (for valgrind)",
 	 io_modes, 0, 0},
+	{"transport", OPT_ENUM, OFF(transport), "auto",
+	 "how FUSE requests reach zfolio: over io_uring where the kernel "
+	 "offers it, else /dev/fuse (auto); io_uring or fail (uring); "
+	 "/dev/fuse only (dev)",
+	 transports, 0, 0},
 	{"lockless", OPT_BOOL, OFF(lockless), "1",
 	 "read hot folios without taking references (0: always take one)",
 	 bool_values, 0, 1},

@@ -226,8 +226,12 @@ def test_signals():
             for t in ts:
                 t.join(10)
                 check(not t.is_alive(), "a reader hangs after SIGKILL")
-            check(set(errs) <= {errno.ECONNABORTED, errno.ENOTCONN} and errs,
-                  "errors after SIGKILL: %s" % errs)
+            # over io_uring, a request the kernel was handing to a dying
+            # daemon's entry ends with ECANCELED (fs/fuse/dev_uring.c)
+            ok = {errno.ECONNABORTED, errno.ENOTCONN}
+            if TRANSPORT == "uring":
+                ok.add(errno.ECANCELED)
+            check(set(errs) <= ok and errs, "errors after SIGKILL: %s" % errs)
             try:
                 os.stat(mnt + "/f")
                 fail("the dead mount answered")
@@ -339,8 +343,11 @@ def test_valgrind():
         data, dst = packed_file(d, 30 * FRAME + 3, 4)
         vg = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full",
               "--errors-for-leak-kinds=definite", "--show-leak-kinds=definite"]
-        # pread: valgrind cannot see io_uring fill buffers
-        with Mount(dst, d + "/mnt", "budget=2M,threads=2,backing_io=pread", wrapper=vg,
+        # pread and /dev/fuse: valgrind cannot see what the kernel writes
+        # into io_uring buffers, and it holds its big lock through a waiting
+        # io_uring_enter, so that no other thread runs
+        with Mount(dst, d + "/mnt", "budget=2M,threads=2,backing_io=pread,transport=dev",
+                   wrapper=vg,
                    timeout=60) as m:
             with open(d + "/mnt/f", "rb") as f:
                 check(f.read() == data, "content under valgrind")

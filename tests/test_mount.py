@@ -3,6 +3,7 @@
 """Mount tests: a real FUSE mount, every byte compared with the source.
 
     test_mount.py basic | errors | foreign | fstab | budget | groups | lockless | mmap
+                  | transport
 """
 import errno
 import os
@@ -187,6 +188,87 @@ def test_errors():
         check(r.returncode != 0 and "missing" in r.stderr, "mkzfolio missing source")
         r = subprocess.run([MKZFOLIO, d + "/ds", d + "/full"], capture_output=True, text=True)
         check(r.returncode != 0 and "not empty" in r.stderr, "mkzfolio non-empty DST")
+
+
+def transport_of(m):
+    return dict(l.split() for l in m.ctl("transport").splitlines())
+
+
+def possible_cpus():
+    n = 0
+    with open("/sys/devices/system/cpu/possible") as f:
+        for part in f.read().strip().split(","):
+            a, _, b = part.partition("-")
+            n += int(b or a) - int(a) + 1
+    return n
+
+
+def set_uring(value):
+    with open(ENABLE_URING, "w") as f:
+        f.write(value)
+
+
+def test_transport():
+    """transport=: over io_uring every queue gets entries and the requests
+    go there, bytes right; a kernel that refuses to register an entry makes
+    auto serve over /dev/fuse and uring fail with one line; with the kernel
+    parameter off, uring is refused before mounting and auto uses /dev/fuse."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        files = make_tree(src, big=False)
+        files["big.bin"] = text_bytes(3 << 20, 9)
+        with open(src + "/big.bin", "wb") as f:
+            f.write(files["big.bin"])
+        pack(src, dst)
+        refuse = {"ZFOLIO_TEST_FAULT": "uring_register:1"}
+        with Mount(dst, mnt, "transport=dev") as m:
+            compare_tree(src, mnt, files)
+            tr = transport_of(m)
+            check(tr["transport"] == "dev" and tr["uring_requests"] == "0",
+                  "transport=dev: %s" % tr)
+        if not os.path.exists(ENABLE_URING):
+            print("no FUSE over io_uring in this kernel: dev only")
+            return
+        with open(ENABLE_URING) as f:
+            old = f.read().strip()
+        try:
+            set_uring("1")
+            with Mount(dst, mnt, "transport=uring,threads=3") as m:
+                compare_tree(src, mnt, files)
+                tr = transport_of(m)
+                n = int(tr["uring_requests"])
+                print("transport=uring: %s" % tr)
+                check(tr["transport"] == "uring", "not over io_uring: %s" % tr)
+                check(int(tr["uring_queues"]) == possible_cpus(), "one queue per CPU")
+                check(int(tr["uring_entries"]) == 3 * possible_cpus(), "threads per queue")
+                # every file read again: the reads go over the ring
+                compare_tree(src, mnt, files)
+                check(int(transport_of(m)["uring_requests"]) > n + len(files),
+                      "reads did not go over io_uring")
+            # the kernel refuses every entry: auto serves over /dev/fuse
+            with Mount(dst, mnt, "transport=auto", env=refuse) as m:
+                compare_tree(src, mnt, files)
+                check(transport_of(m)["transport"] == "dev", "fallback")
+                check("serving over /dev/fuse" in m.output(), "fallback not said")
+            r = subprocess.run([ZFOLIO, dst, mnt, "-f", "-o", "transport=uring"],
+                               capture_output=True, text=True, timeout=30,
+                               env=dict(os.environ, **refuse))
+            lines = [l for l in r.stderr.splitlines() if "test hook" not in l]
+            check(r.returncode == 1 and len(lines) == 1 and
+                  "transport=uring: the kernel refused" in lines[0],
+                  "transport=uring refused: %d %r" % (r.returncode, r.stderr))
+            check(not is_mounted(mnt), "left mounted after a refused transport")
+            # off in the kernel: uring refused before mounting, auto is dev
+            set_uring("0")
+            one_line_error(run_cli([dst, mnt, "-o", "transport=uring"]),
+                           "transport=uring while off", "enable_uring")
+            check(not is_mounted(mnt), "mounted although refused")
+            with Mount(dst, mnt, "transport=auto") as m:
+                compare_tree(src, mnt, files)
+                check(transport_of(m)["transport"] == "dev", "auto with it off")
+        finally:
+            set_uring("1" if old in ("Y", "1") else "0")
 
 
 def test_fstab():

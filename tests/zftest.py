@@ -23,6 +23,9 @@ MKZFOLIO = os.environ.get("ZF_MKZFOLIO", os.path.join(BUILD, "tools", "mkzfolio"
 ZFOLIOCTL = os.environ.get("ZF_ZFOLIOCTL", os.path.join(BUILD, "tools", "zfolioctl"))
 
 SKIP = 77  # meson's "skipped"
+# the transport every Mount asks for (transport=...), "" for the default
+TRANSPORT = os.environ.get("ZF_TRANSPORT", "")
+ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
 TREE = "--layout=tree"  # one .zst per file, in a copy of the tree
 SANITIZER_REPORTS = ("AddressSanitizer", "LeakSanitizer", "ThreadSanitizer",
                      "runtime error:")
@@ -115,8 +118,11 @@ class Mount:
     def __enter__(self):
         os.makedirs(self.mnt, exist_ok=True)
         cmd = self.wrapper + [ZFOLIO, self.dataset, self.mnt, "-f"]
-        if self.opts:
-            cmd += ["-o", self.opts]
+        opts = self.opts
+        if TRANSPORT and "transport=" not in opts:
+            opts = (opts + "," if opts else "") + "transport=" + TRANSPORT
+        if opts:
+            cmd += ["-o", opts]
         cmd += list(self.extra)
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ, **self.env) if self.env else None
@@ -207,6 +213,14 @@ def vmrss_kib(pid):
     return 0
 
 
+def uring_enabled():
+    try:
+        with open(ENABLE_URING) as f:
+            return f.read().strip() in ("Y", "1")
+    except OSError:
+        return False
+
+
 def require_root_fuse():
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         print("skipped: needs root and /dev/fuse", file=sys.stderr)
@@ -233,5 +247,9 @@ def main(namespace, usage_name):
     if len(sys.argv) != 2 or sys.argv[1] not in tests:
         print("usage: %s %s" % (usage_name, "|".join(tests)), file=sys.stderr)
         sys.exit(2)
+    if TRANSPORT == "uring" and not uring_enabled():
+        print("skipped: FUSE over io_uring is off here (%s)" % ENABLE_URING,
+              file=sys.stderr)
+        sys.exit(SKIP)
     tests[sys.argv[1]]()
     print("ok")
