@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -85,6 +86,8 @@ struct furing_ent {
 	_Atomic uint64_t unique; /* the request being served, or 0 */
 	bool replied;
 	bool commit_due; /* a reply to commit with the next submission */
+	bool request_waits; /* delivered as it registered */
+	bool spin;
 	unsigned int slot;
 	struct furing_ent *retired; /* on reg.retired once freed */
 };
@@ -102,6 +105,12 @@ static struct {
 } reg = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static __thread struct furing_ent *cur_ent;
+static long spin_ns; /* uring_poll_us */
+
+void furing_set_poll(unsigned int us)
+{
+	spin_ns = (long)us * 1000;
+}
 
 void furing_set_payload(size_t max_write, unsigned int max_pages)
 {
@@ -251,9 +260,16 @@ int furing_ent_new(struct fuse_session *se, unsigned int qid, bool refuse,
 		err = 0;
 	else if (err >= 0)
 		err = -EAGAIN;
-	/* a refusal completes at once; a registered entry waits */
+	/*
+	 * A refusal completes at once; a registered entry waits, unless the
+	 * kernel handed it a request already (the ring became ready with it):
+	 * that one is served first.
+	 */
 	if (!err && io_uring_peek_cqe(&e->ring, &cqe) == 0) {
-		err = cqe->res < 0 ? cqe->res : -EPROTO;
+		if (cqe->res < 0)
+			err = cqe->res;
+		else
+			e->request_waits = true;
 		io_uring_cqe_seen(&e->ring, cqe);
 	}
 	if (!err)
@@ -283,6 +299,11 @@ int furing_ent_next(struct furing_ent *e, int timeout_ms)
 	struct io_uring_cqe *cqe = NULL;
 	int res;
 
+	if (e->request_waits) {
+		e->request_waits = false;
+		return 1;
+	}
+	e->spin = e->commit_due;
 	if (e->commit_due) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
 
@@ -291,6 +312,27 @@ int furing_ent_next(struct furing_ent *e, int timeout_ms)
 		prep_cmd(e, sqe, FUSE_IO_URING_CMD_COMMIT_AND_FETCH);
 		e->commit_due = false;
 	}
+	if (spin_ns && timeout_ms < 0 && e->spin) {
+		/*
+		 * Just replied: the same caller's next request often follows
+		 * within microseconds, so look for it a moment (uring_poll_us)
+		 * before sleeping; the kernel interrupts the running thread to
+		 * hand it over, which saves the sleep and the wakeup, the larger
+		 * part of a small request's cost.
+		 */
+		struct timespec t0, t;
+
+		if (io_uring_submit(&e->ring) < 0)
+			goto wait;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		do {
+			if (io_uring_peek_cqe(&e->ring, &cqe) == 0 && cqe)
+				goto got;
+			clock_gettime(CLOCK_MONOTONIC, &t);
+		} while ((t.tv_sec - t0.tv_sec) * 1000000000L +
+			 (t.tv_nsec - t0.tv_nsec) < spin_ns);
+	}
+wait:
 	res = io_uring_submit_and_wait_timeout(&e->ring, &cqe, 1,
 					       timeout_ms < 0 ? NULL : &ts,
 					       NULL);
@@ -298,6 +340,7 @@ int furing_ent_next(struct furing_ent *e, int timeout_ms)
 		return res;
 	if (!cqe) /* submitted, then the wait was interrupted */
 		return -EINTR;
+got:
 	res = cqe->res;
 	io_uring_cqe_seen(&e->ring, cqe);
 	return res < 0 ? res : 1;

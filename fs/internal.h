@@ -46,6 +46,7 @@ struct options {
 	enum backing_cache backing_cache;
 	enum backing_io backing_io;
 	enum transport transport;
+	unsigned int uring_poll_us;
 	enum ra_reclaim_mode ra_reclaim;
 	enum group_by group_by;
 	bool lockless;
@@ -409,6 +410,7 @@ uint32_t initio_offered(void);
 struct furing_ent;
 unsigned int furing_queues(void);
 void furing_set_payload(size_t max_write, unsigned int max_pages);
+void furing_set_poll(unsigned int us);
 int furing_ent_new(struct fuse_session *se, unsigned int qid, bool refuse,
 		   struct furing_ent **out);
 int furing_ent_next(struct furing_ent *e, int timeout_ms);

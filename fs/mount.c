@@ -16,6 +16,8 @@
 #include <dirent.h>
 #include <malloc.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stddef.h>
@@ -330,6 +332,12 @@ static void *worker_main(void *arg)
 	sigaddset(&wake, LOOP_WAKE_SIGNAL);
 	pthread_sigmask(SIG_UNBLOCK, &wake, NULL);
 	if (me->uring) {
+		cpu_set_t cpu;
+
+		/* on its queue's CPU: the callers there wake it locally */
+		CPU_ZERO(&cpu);
+		CPU_SET(me->qid, &cpu);
+		pthread_setaffinity_np(pthread_self(), sizeof(cpu), &cpu);
 		me->reg_err = w ? furing_ent_new(me->lp->se, me->qid,
 						 fault_uring_register(), &e)
 				: -ENOMEM;
@@ -645,6 +653,7 @@ static int uring_start(struct daemon *d, struct loop *lp, unsigned int nq,
 					"io_uring at INIT");
 		return strict ? -1 : 0;
 	}
+	furing_set_poll(d->opt.uring_poll_us);
 	for (unsigned int q = 0; q < nq; q++)
 		started += loop_add(lp, per_queue, true, q);
 	for (unsigned int i = 0; i < started; i++)

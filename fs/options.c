@@ -78,6 +78,11 @@ const struct opt_desc opt_table[] = {
 	 "offers it, else /dev/fuse (auto); io_uring or fail (uring); "
 	 "/dev/fuse only (dev)",
 	 transports, 0, 0},
+	{"uring_poll_us", OPT_UINT, OFF(uring_poll_us), "10",
+	 "over io_uring, how long a worker that has just replied looks for "
+	 "the next request before it sleeps, in microseconds (0: sleep at "
+	 "once)",
+	 NULL, 0, 10000},
 	{"lockless", OPT_BOOL, OFF(lockless), "1",
 	 "read hot folios without taking references (0: always take one)",
 	 bool_values, 0, 1},

@@ -246,6 +246,34 @@ def test_transport():
                 compare_tree(src, mnt, files)
                 check(int(transport_of(m)["uring_requests"]) > n + len(files),
                       "reads did not go over io_uring")
+            # requests while the entries register: the kernel may hand one
+            # to an entry in the same step that registers it (the ring is
+            # ready from then on); none may be lost
+            for i in range(10):
+                stop = [False]
+                done = []
+
+                def hammer():
+                    while not stop[0]:
+                        try:
+                            os.stat(mnt + "/big.bin")
+                        except OSError:
+                            pass  # not mounted yet
+                    done.append(1)
+
+                ts = [threading.Thread(target=hammer, daemon=True) for _ in range(2)]
+                for t in ts:
+                    t.start()
+                try:
+                    with Mount(dst, mnt, "transport=uring") as m:
+                        time.sleep(0.2)
+                        stop[0] = True
+                        for t in ts:
+                            t.join(10)
+                        check(len(done) == 2, "a stat hangs after mount %d" % i)
+                        check(transport_of(m)["transport"] == "uring", "uring")
+                finally:
+                    stop[0] = True
             # the kernel refuses every entry: auto serves over /dev/fuse
             with Mount(dst, mnt, "transport=auto", env=refuse) as m:
                 compare_tree(src, mnt, files)
