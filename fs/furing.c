@@ -83,20 +83,17 @@ struct furing_ent {
 	size_t payload_size;
 	unsigned int qid;
 	uint64_t commit_id;
-	_Atomic uint64_t unique; /* the request being served, or 0 */
+	uint64_t unique; /* the request being served, or 0 */
 	bool replied;
 	bool commit_due; /* a reply to commit with the next submission */
 	bool request_waits; /* delivered as it registered */
 	bool spin;
-	unsigned int slot;
 	struct furing_ent *retired; /* on reg.retired once freed */
 };
 
-/* Every entry, for a reply sent from a thread other than the entry's. */
+/* What every entry shares. */
 static struct {
-	pthread_mutex_t lock;
-	struct furing_ent **ents;
-	unsigned int n, cap;
+	pthread_mutex_t lock; /* of retired */
 	struct furing_ent *retired;
 	size_t payload_size; /* from the INIT reply */
 	atomic_ulong requests; /* served over the ring */
@@ -187,38 +184,6 @@ static void prep_cmd(struct furing_ent *e, struct io_uring_sqe *sqe,
 	memcpy(cmd, &cr, sizeof(cr));
 }
 
-static void reg_remove(struct furing_ent *e)
-{
-	pthread_mutex_lock(&reg.lock);
-	reg.ents[e->slot] = reg.ents[--reg.n];
-	reg.ents[e->slot]->slot = e->slot;
-	pthread_mutex_unlock(&reg.lock);
-}
-
-static int reg_add(struct furing_ent *e)
-{
-	int err = 0;
-
-	pthread_mutex_lock(&reg.lock);
-	if (reg.n == reg.cap) {
-		unsigned int cap = reg.cap ? 2 * reg.cap : 16;
-		void *p = realloc(reg.ents, cap * sizeof(*reg.ents));
-
-		if (p) {
-			reg.ents = p;
-			reg.cap = cap;
-		}
-	}
-	if (reg.n < reg.cap) {
-		e->slot = reg.n;
-		reg.ents[reg.n++] = e;
-	} else {
-		err = -ENOMEM;
-	}
-	pthread_mutex_unlock(&reg.lock);
-	return err;
-}
-
 /*
  * An entry on queue qid, for the calling thread, registered with the
  * kernel.  0, or why the kernel (or this machine) refused.
@@ -272,8 +237,6 @@ int furing_ent_new(struct fuse_session *se, unsigned int qid, bool refuse,
 			e->request_waits = true;
 		io_uring_cqe_seen(&e->ring, cqe);
 	}
-	if (!err)
-		err = reg_add(e);
 	if (!err) {
 		cur_ent = e;
 		*out = e;
@@ -372,9 +335,9 @@ void furing_ent_process(struct furing_ent *e)
 	memcpy(payload - op - IN_HEADER, e->hdr->in_out, IN_HEADER);
 	fb.mem = payload - op - IN_HEADER;
 	fb.size = len;
-	atomic_store(&e->unique, unique);
+	e->unique = unique;
 	fuse_session_process_buf(e->se, &fb);
-	atomic_store(&e->unique, 0);
+	e->unique = 0;
 	if (!e->replied) /* every request on the ring has a reply */
 		furing_reply_error(e, unique, -EIO);
 }
@@ -417,9 +380,10 @@ void furing_reply_error(struct furing_ent *e, uint64_t unique, int err)
 }
 
 /*
- * The session's writev, for a reply: the entry that holds its request
- * takes it.  Returns the bytes taken, or -ENOENT for a reply (or a
- * notification) that goes to /dev/fuse.
+ * The session's writev, for a reply: the entry whose request it answers
+ * takes it.  zfolio replies on the thread that serves the request, so
+ * that is the calling thread's entry, if any.  Returns the bytes taken, or
+ * -ENOENT for a reply (or a notification) that goes to /dev/fuse.
  */
 ssize_t furing_reply(const struct iovec *iov, int count)
 {
@@ -427,21 +391,11 @@ ssize_t furing_reply(const struct iovec *iov, int count)
 	uint64_t unique;
 	size_t total = 0;
 
-	if (!reg.n || count < 1 || iov[0].iov_len < OUT_HEADER)
+	if (!e || !e->unique || count < 1 || iov[0].iov_len < OUT_HEADER)
 		return -ENOENT;
 	memcpy(&unique, (char *)iov[0].iov_base + 8, 8);
-	if (!unique)
-		return -ENOENT; /* a notification */
-	if (!e || atomic_load(&e->unique) != unique) {
-		e = NULL;
-		pthread_mutex_lock(&reg.lock);
-		for (unsigned int i = 0; i < reg.n && !e; i++)
-			if (atomic_load(&reg.ents[i]->unique) == unique)
-				e = reg.ents[i];
-		pthread_mutex_unlock(&reg.lock);
-		if (!e)
-			return -ENOENT;
-	}
+	if (unique != e->unique)
+		return -ENOENT; /* a notification, or not this request's */
 	for (int i = 0; i < count; i++)
 		total += iov[i].iov_len;
 	if (total - OUT_HEADER > e->payload_size)
@@ -465,7 +419,6 @@ void furing_ent_free(struct furing_ent *e)
 				;
 		}
 	}
-	reg_remove(e);
 	if (cur_ent == e)
 		cur_ent = NULL;
 	io_uring_queue_exit(&e->ring);

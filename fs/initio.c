@@ -171,17 +171,10 @@ int initio_install(struct fuse_session *se, bool allow_mmap, bool uring)
  */
 int initio_wait(long ms)
 {
-	struct timespec until;
+	int r = sem_wait_ms(&init_done, ms);
 
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += ms / 1000;
-	until.tv_nsec += ms % 1000 * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
-	if (sem_timedwait(&init_done, &until))
-		return -errno;
+	if (r)
+		return r;
 	sem_post(&init_done); /* answered once: stays answered */
 	return atomic_load(&uring_granted);
 }

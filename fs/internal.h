@@ -13,9 +13,12 @@
 #include <fuse_lowlevel.h>
 #include <liburing.h>
 #include <stdatomic.h>
+#include <errno.h>
 #include <limits.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "../readahead/readahead.h"
 #include <urcu/rculfhash.h>
@@ -400,6 +403,21 @@ enum zlog_to { ZLOG_STDERR, ZLOG_SYSLOG, ZLOG_NONE };
 void zlog_init(enum zlog_to to);
 void zlog_file(const char *what, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* Wait up to ms for s: 0, or -ETIMEDOUT, -EINTR. */
+static inline int sem_wait_ms(sem_t *s, long ms)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += ms / 1000;
+	until.tv_nsec += ms % 1000 * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	return sem_timedwait(s, &until) ? -errno : 0;
+}
 
 /* initio.c: INIT's extra flags, and where replies go */
 int initio_install(struct fuse_session *se, bool allow_mmap, bool uring);

@@ -243,8 +243,35 @@ static bool request_soon(struct loop *lp)
 	return poll(&p, 1, LOOP_QUIET_MS) != 0; /* ready, or EINTR: look */
 }
 
-/* Receive and serve requests until the loop stops and the queue is empty. */
-static void worker_serve(struct loop_worker *me, struct fuse_buf *buf)
+/*
+ * The next request, from /dev/fuse or (e) the worker's io_uring entry:
+ * > 0 it is there; 0 none came while stopping (the worker leaves); -EINTR
+ * or -EAGAIN: look again; any other error: the connection is over.
+ */
+static int receive(struct loop_worker *me, struct fuse_buf *buf,
+		   struct furing_ent *e, bool stopping)
+{
+	struct loop *lp = me->lp;
+	int r;
+
+	if (e) {
+		r = furing_ent_next(e, stopping ? LOOP_QUIET_MS : -1);
+		if (r == -ETIME)
+			return stopping ? 0 : -EAGAIN;
+		return r;
+	}
+	r = fuse_session_receive_buf(lp->se, buf);
+	if (r == -EAGAIN && atomic_load(&lp->stopping) && !request_soon(lp))
+		return 0; /* the queue stayed empty: done */
+	return r == 0 ? -ENODEV : r;
+}
+
+/*
+ * Receive and serve requests until the loop stops and the queue is empty.
+ * Over io_uring a worker's last reply is sent as it leaves.
+ */
+static void worker_serve(struct loop_worker *me, struct fuse_buf *buf,
+			 struct furing_ent *e)
 {
 	struct loop *lp = me->lp;
 
@@ -258,62 +285,27 @@ static void worker_serve(struct loop_worker *me, struct fuse_buf *buf)
 			break; /* the kernel ended it, or startup failed */
 		atomic_store(&me->receiving, true);
 		cache_thread_offline();
-		r = fuse_session_receive_buf(lp->se, buf);
+		r = receive(me, buf, e, stopping);
 		cache_thread_online();
 		atomic_store(&me->receiving, false);
-		if (r == -EINTR)
+		if (r == -EINTR || r == -EAGAIN)
 			continue;
-		if (r == -EAGAIN && atomic_load(&lp->stopping) &&
-		    !request_soon(lp))
-			break; /* the queue stayed empty: done */
-		if (r == -EAGAIN)
-			continue;
-		if (r <= 0) {
-			fuse_session_exit(lp->se);
+		if (r == 0)
 			break;
-		}
-		fuse_session_process_buf(lp->se, buf);
-		/* pointers loaded for this request are dead from here on */
-		cache_quiescent();
-	}
-}
-
-/*
- * The same over an io_uring entry: the kernel hands it the next request;
- * while stopping, a worker leaves once none has come for LOOP_QUIET_MS.
- * Its last reply is sent as it leaves.
- */
-static void uring_serve(struct loop_worker *me, struct furing_ent *e)
-{
-	struct loop *lp = me->lp;
-
-	for (;;) {
-		bool stopping = atomic_load(&lp->stopping);
-		int r;
-
-		if (stopping && drain_over(lp))
-			break;
-		if (!stopping && fuse_session_exited(lp->se))
-			break;
-		atomic_store(&me->receiving, true);
-		cache_thread_offline();
-		r = furing_ent_next(e, stopping ? LOOP_QUIET_MS : -1);
-		cache_thread_online();
-		atomic_store(&me->receiving, false);
-		if (r == -EINTR)
-			continue;
-		if (r == -ETIME && stopping)
-			break; /* nothing came: done */
-		if (r == -ETIME)
-			continue;
 		if (r < 0) {
-			/* the kernel ended the connection (unmount, abort) */
-			if (r != -ENOTCONN && r != -ECONNABORTED)
+			/* over: the kernel ended the connection (unmount) */
+			if (!e)
+				fuse_session_exit(lp->se);
+			else if (r != -ENOTCONN && r != -ECONNABORTED)
 				fprintf(stderr, "%s: io_uring queue %u: %s\n",
 					progname, me->qid, strerror(-r));
 			break;
 		}
-		furing_ent_process(e);
+		if (e)
+			furing_ent_process(e);
+		else
+			fuse_session_process_buf(lp->se, buf);
+		/* pointers loaded for this request are dead from here on */
 		cache_quiescent();
 	}
 }
@@ -352,10 +344,7 @@ static void *worker_main(void *arg)
 	if (w) {
 		current_worker = w;
 		cache_thread_register();
-		if (e)
-			uring_serve(me, e);
-		else
-			worker_serve(me, &buf);
+		worker_serve(me, &buf, e);
 		furing_ent_free(e);
 		cache_thread_unregister();
 		free(buf.mem);
@@ -408,20 +397,10 @@ static int loop_start(struct loop *lp, unsigned int n, unsigned int cap)
 	return loop_add(lp, n, false, 0) ? 0 : -EAGAIN;
 }
 
-/* Stop taking requests; wait until every worker has replied and left. */
 /* Wait up to ms for a worker to leave: true if one did. */
 static bool worker_left(struct loop *lp, long ms)
 {
-	struct timespec until;
-
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += ms / 1000;
-	until.tv_nsec += ms % 1000 * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
-	return sem_timedwait(&lp->done, &until) == 0;
+	return sem_wait_ms(&lp->done, ms) == 0;
 }
 
 static void loop_stop(struct loop *lp)

@@ -236,6 +236,9 @@ def test_transport():
             set_uring("1")
             with Mount(dst, mnt, "transport=uring,threads=3") as m:
                 compare_tree(src, mnt, files)
+                deadline = time.time() + 10
+                while transport_of(m)["transport"] != "uring" and time.time() < deadline:
+                    time.sleep(0.01)
                 tr = transport_of(m)
                 n = int(tr["uring_requests"])
                 print("transport=uring: %s" % tr)
@@ -266,7 +269,12 @@ def test_transport():
                     t.start()
                 try:
                     with Mount(dst, mnt, "transport=uring") as m:
-                        time.sleep(0.2)
+                        # the entries register just after the mount appears
+                        deadline = time.time() + 10
+                        while (transport_of(m)["transport"] != "uring" and
+                               time.time() < deadline):
+                            time.sleep(0.01)
+                        time.sleep(0.05)
                         stop[0] = True
                         for t in ts:
                             t.join(10)
