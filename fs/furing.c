@@ -288,12 +288,16 @@ int furing_ent_next(struct furing_ent *e, int timeout_ms)
 		if (io_uring_submit(&e->ring) < 0)
 			goto wait;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
-		do {
+		for (unsigned int i = 1;; i++) {
 			if (io_uring_peek_cqe(&e->ring, &cqe) == 0 && cqe)
 				goto got;
+			if (i % 32)
+				continue; /* the clock costs more than a look */
 			clock_gettime(CLOCK_MONOTONIC, &t);
-		} while ((t.tv_sec - t0.tv_sec) * 1000000000L +
-			 (t.tv_nsec - t0.tv_nsec) < spin_ns);
+			if ((t.tv_sec - t0.tv_sec) * 1000000000L +
+			    (t.tv_nsec - t0.tv_nsec) >= spin_ns)
+				break;
+		}
 	}
 wait:
 	res = io_uring_submit_and_wait_timeout(&e->ring, &cqe, 1,
