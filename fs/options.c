@@ -33,7 +33,8 @@ const struct opt_desc opt_table[] = {
 	 "above it, a background reclaimer brings usage down", NULL, 0,
 	 1ull << 42},
 	{"threads", OPT_UINT, OFF(threads), "0",
-	 "worker threads (0: twice the cores)", NULL, 0, 256},
+	 "worker threads on /dev/fuse, and as many on each io_uring queue "
+	 "(0: twice the cores)", NULL, 0, 256},
 	{"decode_threads", OPT_UINT, OFF(decode_threads), "auto",
 	 "threads that decode a readahead window's frames beside the worker "
 	 "that read it (auto: one per core; 0: the worker decodes alone)",
