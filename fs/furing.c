@@ -87,7 +87,6 @@ struct furing_ent {
 	bool replied;
 	bool commit_due; /* a reply to commit with the next submission */
 	bool request_waits; /* delivered as it registered */
-	bool spin;
 	struct furing_ent *retired; /* on reg.retired once freed */
 };
 
@@ -260,13 +259,14 @@ int furing_ent_next(struct furing_ent *e, int timeout_ms)
 	struct __kernel_timespec ts = {timeout_ms / 1000,
 				       (long long)(timeout_ms % 1000) * 1000000};
 	struct io_uring_cqe *cqe = NULL;
+	bool replied;
 	int res;
 
 	if (e->request_waits) {
 		e->request_waits = false;
 		return 1;
 	}
-	e->spin = e->commit_due;
+	replied = e->commit_due;
 	if (e->commit_due) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
 
@@ -275,7 +275,7 @@ int furing_ent_next(struct furing_ent *e, int timeout_ms)
 		prep_cmd(e, sqe, FUSE_IO_URING_CMD_COMMIT_AND_FETCH);
 		e->commit_due = false;
 	}
-	if (spin_ns && timeout_ms < 0 && e->spin) {
+	if (spin_ns && timeout_ms < 0 && replied) {
 		/*
 		 * Just replied: the same caller's next request often follows
 		 * within microseconds, so look for it a moment (uring_poll_us)
@@ -312,6 +312,9 @@ got:
 	io_uring_cqe_seen(&e->ring, cqe);
 	return res < 0 ? res : 1;
 }
+
+static void furing_reply_error(struct furing_ent *e, uint64_t unique,
+			       int err);
 
 /* Serve the request in the entry; its reply goes with the next submit. */
 void furing_ent_process(struct furing_ent *e)
@@ -371,7 +374,7 @@ static void put_reply(struct furing_ent *e, const struct iovec *iov,
 	e->replied = true;
 }
 
-void furing_reply_error(struct furing_ent *e, uint64_t unique, int err)
+static void furing_reply_error(struct furing_ent *e, uint64_t unique, int err)
 {
 	char h[OUT_HEADER];
 	uint32_t len = OUT_HEADER;

@@ -178,9 +178,3 @@ int initio_wait(long ms)
 	sem_post(&init_done); /* answered once: stays answered */
 	return atomic_load(&uring_granted);
 }
-
-/* The flags2 bits the kernel offered at INIT (0 before it). */
-uint32_t initio_offered(void)
-{
-	return atomic_load(&offered);
-}

@@ -422,7 +422,6 @@ static inline int sem_wait_ms(sem_t *s, long ms)
 /* initio.c: INIT's extra flags, and where replies go */
 int initio_install(struct fuse_session *se, bool allow_mmap, bool uring);
 int initio_wait(long ms);
-uint32_t initio_offered(void);
 
 /* furing.c: FUSE requests over io_uring, one entry per worker thread */
 struct furing_ent;
@@ -433,7 +432,6 @@ int furing_ent_new(struct fuse_session *se, unsigned int qid, bool refuse,
 		   struct furing_ent **out);
 int furing_ent_next(struct furing_ent *e, int timeout_ms);
 void furing_ent_process(struct furing_ent *e);
-void furing_reply_error(struct furing_ent *e, uint64_t unique, int err);
 ssize_t furing_reply(const struct iovec *iov, int count);
 void furing_ent_free(struct furing_ent *e);
 void furing_set_state(bool serving, unsigned int queues,
