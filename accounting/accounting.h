@@ -10,8 +10,9 @@
  * The engine above (cache/) registers a struct budget_ops so that reclaim can
  * shrink a group's LRU lists without accounting knowing what a folio is.
  *
- * Fields other folders may touch: group->lru (owned by cache/), group->parent,
- * group->name (read-only).  Everything else goes through the functions below.
+ * Fields other folders may touch: group->lru and group->ktier (owned by
+ * cache/), group->parent, group->name (read-only).  Everything else goes
+ * through the functions below.
  */
 #ifndef ZF_ACCOUNTING_H
 #define ZF_ACCOUNTING_H
@@ -77,8 +78,9 @@ struct group {
 	atomic_long events[NR_GROUP_EVENTS];
 	/* per-thread statistics: STAT_SLOTS rows of NR_STATS */
 	long (*stats)[NR_STATS];
-	/* owned by cache/: this group's LRU lists */
+	/* owned by cache/: this group's LRU lists, and its kernel tier's */
 	void *lru;
+	void *ktier;
 };
 
 /*
@@ -179,6 +181,7 @@ void counter_reset_peak(struct counter *c);
 /* charge.c */
 int charge_demand(struct group *g, unsigned long nr);
 int charge_speculative(struct group *g, unsigned long nr);
+int charge_nowait(struct group *g, unsigned long nr);
 void uncharge(struct group *g, unsigned long nr);
 bool reclaim_for_batch(struct group *g, unsigned long nr, bool for_ra);
 unsigned long reclaim_pass(struct group *g, unsigned long nr, bool for_ra);

@@ -16,6 +16,9 @@
  *  - charge_speculative(): a readahead folio.  Never reclaims.  The window
  *    calls reclaim_for_batch() for the rest of itself instead (seed 000,
  *    patch 2), so one pass makes room for many folios.
+ *  - charge_nowait(): never reclaims and counts no failure; for a caller
+ *    that holds a lock reclaim takes (the kernel tier) and reclaims itself
+ *    after dropping it.
  *
  * Every reclaim pass is counted (reclaim_passes): it is the unit the seed
  * measures, and the one thing batching is meant to reduce.
@@ -254,7 +257,7 @@ static unsigned long reclaim_size(struct group *over, unsigned long nr)
 	return nr > room ? nr : room;
 }
 
-enum charge_mode { CHARGE_DEMAND, CHARGE_SPECULATIVE };
+enum charge_mode { CHARGE_DEMAND, CHARGE_SPECULATIVE, CHARGE_NOWAIT };
 
 static int try_charge(struct group *g, unsigned long nr, enum charge_mode mode)
 {
@@ -278,6 +281,8 @@ retry:
 		goto retry;
 	}
 	over = group_of_counter(fail);
+	if (mode == CHARGE_NOWAIT)
+		return -ENOMEM;
 	if (mode == CHARGE_SPECULATIVE) {
 		stat_inc(g, STAT_CHARGE_FAIL_SPEC);
 		return -ENOMEM;
@@ -315,6 +320,11 @@ int charge_demand(struct group *g, unsigned long nr)
 int charge_speculative(struct group *g, unsigned long nr)
 {
 	return try_charge(g, nr, CHARGE_SPECULATIVE);
+}
+
+int charge_nowait(struct group *g, unsigned long nr)
+{
+	return try_charge(g, nr, CHARGE_NOWAIT);
 }
 
 void uncharge(struct group *g, unsigned long nr)

@@ -12,18 +12,60 @@
 
 #include "internal.h"
 
+/*
+ * Reclaim from both tiers, each in proportion to what it holds: folios
+ * (lru.c) and, with cache=kernel, the page cache's chunks (ktier.c).  A
+ * folio handed whole to the kernel has already left (read.c), so what the
+ * folio LRU keeps is frames still serving neighbouring fills.  Whatever
+ * one tier cannot give, the other is asked for.
+ */
+static unsigned long cache_shrink(struct group *g, unsigned long nr,
+				  unsigned long *scanned, void *priv)
+{
+	unsigned long k = ktier_pages(g), e, nk, got, kscanned = 0;
+
+	if (!k)
+		return lru_shrink(g, nr, scanned, priv);
+	e = lru_pages(g);
+	nk = (unsigned long)(((unsigned long long)nr * k + k + e - 1) /
+			     (k + e));
+	got = ktier_shrink(g, nk, &kscanned);
+	/* lru_shrink bounds its scan by *scanned: the tier's apart */
+	got += lru_shrink(g, nr > got ? nr - got : 0, scanned, priv);
+	if (got < nr)
+		got += ktier_shrink(g, nr - got, &kscanned);
+	*scanned += kscanned;
+	return got;
+}
+
+static int cache_group_init(struct group *g, void *priv)
+{
+	int err = lru_group_init(g, priv);
+
+	if (!err && (err = ktier_group_init(g)))
+		lru_group_fini(g, priv);
+	return err;
+}
+
+static void cache_group_fini(struct group *g, void *priv)
+{
+	ktier_group_fini(g);
+	lru_group_fini(g, priv);
+}
+
 static const struct budget_ops cache_budget_ops = {
 	.thread_state = cache_thread_state,
-	.shrink = lru_shrink,
+	.shrink = cache_shrink,
 	.expedite = cache_expedite,
 	.deferred = cache_deferred_pages,
-	.group_init = lru_group_init,
-	.group_fini = lru_group_fini,
+	.group_init = cache_group_init,
+	.group_fini = cache_group_fini,
 };
 
 int cache_init(struct cache *c, const struct cache_config *cfg)
 {
 	c->ra_ops = NULL;
+	c->kt = NULL;
 	c->lockless = cfg->lockless;
 	atomic_init(&c->deferred_pages, 0);
 	fill_pool_init(&c->fills, cfg->fill_threads);

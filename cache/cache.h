@@ -184,6 +184,8 @@ struct read_req {
 			  * error, never a part */
 	bool internal;   /* the daemon's own read (metadata), not a
 			  * reader's request: not counted as one */
+	bool tiered;     /* a fill for the kernel tier: a folio handed over
+			  * whole leaves the cache (ktier.c) */
 	/* out, for the reply */
 	struct iovec iov[READ_REQ_MAX_FOLIOS];
 	int niov;
@@ -268,8 +270,11 @@ struct cache_config {
 	unsigned int fill_threads; /* 0: every fill on the worker */
 };
 
+struct ktier;
+
 struct cache {
 	struct budget budget;
+	struct ktier *kt; /* the kernel tier, or NULL (ktier.c) */
 	const struct cache_ra_ops *ra_ops;
 	bool lockless;
 	atomic_long deferred_pages; /* hot data waiting for a grace period */
@@ -325,6 +330,24 @@ bool fill_work_share(struct cache *c, struct fill_work *w);
 bool fill_work_run(struct fill_work *w, bool demand_only);
 /* The owner is done with w: done() runs once nothing is left to fill. */
 void fill_work_put(struct fill_work *w);
+
+/*
+ * ktier.c: the kernel page cache as the first tier, inside the budget.
+ * Files are named by an id (the FUSE inode); offsets are the file's.
+ * invalidate() drops a range from the kernel's page cache; it is called
+ * on the tier's own thread only, never while a lock is held.
+ */
+typedef void (*ktier_invalidate_fn)(uint64_t id, uint64_t off, uint64_t len,
+				    void *priv);
+int ktier_enable(struct cache *c, ktier_invalidate_fn invalidate,
+		 void *priv);
+void ktier_disable(struct cache *c);
+/* [pos, pos + len) of file id (of size bytes) went to the page cache */
+void ktier_filled(struct cache *c, struct group *g, uint64_t id,
+		  uint64_t size, uint64_t pos, size_t len);
+void ktier_forget(struct cache *c, uint64_t id);
+unsigned long ktier_pages(struct group *g);
+unsigned long ktier_queued(struct cache *c);
 
 /* rcu.c: workers' grace-period states (liburcu QSBR) */
 void cache_thread_register(void);

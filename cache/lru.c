@@ -56,6 +56,18 @@ void lru_group_fini(struct group *g, void *priv)
 	g->lru = NULL;
 }
 
+/* The group's folio pages, for cache_shrink()'s proportion. */
+unsigned long lru_pages(struct group *g)
+{
+	struct lru *l = g->lru;
+	unsigned long n;
+
+	pthread_mutex_lock(&l->lock);
+	n = l->nr_active + l->nr_inactive;
+	pthread_mutex_unlock(&l->lock);
+	return n;
+}
+
 static void lru_account(struct folio *f, bool active, long sign)
 {
 	struct lru *l = f->group->lru;

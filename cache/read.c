@@ -53,6 +53,7 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 	rq->fault = false;
 	rq->fill = false;
 	rq->internal = false;
+	rq->tiered = false;
 	rq->niov = 0;
 	rq->bytes = 0;
 	rq->waited_io = false;
@@ -383,6 +384,20 @@ static void read_mark_accessed(struct read_req *rq, struct folio *f,
 	folio_mark_accessed(f);
 }
 
+/*
+ * A fill that takes a whole folio to the kernel tier: the kernel now holds
+ * the same bytes, so the folio leaves the cache (its slot's reference goes
+ * now, the request's after the reply).  A folio partly handed over stays,
+ * for the fills of its other parts.
+ */
+static void read_hand_over(struct read_req *rq, struct folio *f)
+{
+	if (!lru_remove(f))
+		return;
+	folio_put(f);
+	stat_inc(rq->group, STAT_KERNEL_HANDOVERS);
+}
+
 /* The request this worker is serving, for read_pin_lockless(). */
 static __thread struct read_req *current_rq;
 
@@ -435,7 +450,9 @@ static int read_add_folio(struct read_req *rq, unsigned long i,
 		got = read_get_folio(rq, i, last, &f);
 	if (got < 0)
 		return got;
-	if (got == GOT_PINNED)
+	if (got == GOT_PINNED && rq->tiered && from == 0 && to == f->len)
+		read_hand_over(rq, f);
+	else if (got == GOT_PINNED)
 		read_mark_accessed(rq, f, i == first);
 	rq->iov[rq->niov].iov_base = (char *)f->data + (got == GOT_PART ? 0
 								      : from);

@@ -54,6 +54,9 @@ void text_json_string(struct text *t, const char *s);
 	X(ACTIVE_FILE, "active_file", gauge, "cached data on active lists")    \
 	X(INACTIVE_FILE, "inactive_file", gauge,                               \
 	  "cached data on inactive lists")                                     \
+	X(KERNEL_FILE, "kernel_file", gauge,                                   \
+	  "data handed to the kernel page cache (cache=kernel), an upper "    \
+	  "bound")                                                             \
 	X(DEFERRED_FREE, "deferred_free_pages", gauge,                         \
 	  "hot folio data waiting for a grace period")                         \
 	X(SLAB, "slab_reclaimable", gauge,                                     \
@@ -63,6 +66,16 @@ void text_json_string(struct text *t, const char *s);
 	X(BUF_POOL, "buffer_pool", gauge,                                      \
 	  "idle buffers kept for reuse, not charged (at most 8 MiB)")         \
 	X(PGFAULT, "pgfault", event, "read requests served")                   \
+	X(KERNEL_FILLS, "kernel_fills", event,                                 \
+	  "pages filled into the kernel page cache (cache=kernel)")           \
+	X(KERNEL_EVICTED, "kernel_evicted", event,                             \
+	  "pages dropped from the kernel page cache by reclaim")              \
+	X(KERNEL_HANDOVERS, "kernel_handovers", event,                         \
+	  "folios that left the cache once handed whole to the kernel")       \
+	X(WORKINGSET_REFAULT, "workingset_refault", event,                     \
+	  "kernel-tier pages filled again after reclaim dropped them")        \
+	X(WORKINGSET_ACTIVATE, "workingset_activate", event,                   \
+	  "refaulted pages found recent, so protected (active)")              \
 	X(PGMAJFAULT, "pgmajfault", event, "reads that waited for backing I/O") \
 	X(PGSCAN, "pgscan", event, "pages scanned by reclaim")                 \
 	X(PGSTEAL, "pgsteal", event, "pages reclaimed")                        \

@@ -221,6 +221,7 @@ void znode_forget(struct dataset *ds, struct znode *n, uint64_t nlookup)
 				      memory_order_acq_rel) != nlookup)
 		return;
 	cds_lfht_del(ds->inodes, &n->hnode);
+	ktier_forget(&ds->cache, n->nodeid); /* its page cache went with it */
 	meta_charge(ds, -(long)(sizeof(*n) + strlen(n->path) + 1));
 	/* the kernel sends nothing more for it: its file can go now */
 	pthread_mutex_lock(&ds->file_lru_lock);

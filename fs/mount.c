@@ -664,6 +664,16 @@ static int uring_start(struct daemon *d, struct loop *lp, unsigned int nq,
 	return strict ? -1 : 0;
 }
 
+/* The kernel tier's eviction: drop [off, off + len) of inode id from the
+ * page cache.  ENOENT: the kernel no longer has the inode, nothing to do. */
+static void tier_invalidate(uint64_t id, uint64_t off, uint64_t len,
+			    void *priv)
+{
+	struct fuse_session *se = priv;
+
+	fuse_lowlevel_notify_inval_inode(se, id, (off_t)off, (off_t)len);
+}
+
 /* Detach (unless -f), start the threads and serve until unmounted. */
 static int serve(struct daemon *d)
 {
@@ -676,6 +686,8 @@ static int serve(struct daemon *d)
 	fuse_daemonize(d->opt.foreground);
 	/* threads only after the fork: the daemon's copy has none of them */
 	if (inodes_init(&d->ds) || cache_start(&d->ds.cache) ||
+	    (d->opt.cache == CACHE_KERNEL &&
+	     ktier_enable(&d->ds.cache, tier_invalidate, d->se)) ||
 	    loop_start(&lp, d->opt.threads,
 		       d->opt.threads + (uring ? nq * per_queue : 0))) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
@@ -687,6 +699,7 @@ static int serve(struct daemon *d)
 		ret = -1;
 	}
 	loop_wait(&lp);
+	ktier_disable(&d->ds.cache);
 	return ret;
 }
 

@@ -174,11 +174,14 @@ static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	fuse_reply_entry(req, &e);
 }
 
-/* Manifest inodes are not allocated: nothing to forget. */
+/* Manifest inodes are not allocated: nothing to forget but what the
+ * kernel tier counted (the kernel's pages went with its inode). */
 static void forget_one(struct dataset *ds, fuse_ino_t ino, uint64_t nlookup)
 {
 	if (!manifest_ino(ds, ino))
 		znode_forget(ds, znode_of(ds, ino), nlookup);
+	else
+		ktier_forget(&ds->cache, ino);
 }
 
 static void zf_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
@@ -510,6 +513,26 @@ static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
 	free(copy);
 }
 
+/*
+ * cache=kernel: every read is a page-cache fill for the kernel tier, sized
+ * by the kernel's own readahead (max_readahead is ra_kb): zfolio reads
+ * just what it asks for, with no second readahead on top.  The kernel has
+ * put the fill's pages in its page cache before sending the request, so
+ * they are charged first: the budget counts fills in flight too.
+ */
+static void read_tiered(fuse_req_t req, struct dataset *ds,
+			struct zfile_handle *h, struct group *g,
+			struct worker *w, fuse_ino_t ino, size_t size,
+			off_t off)
+{
+	ktier_filled(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
+	ra_request_init(&w->rq, h->h.file->mapping, NULL, g, w,
+			h->h.base + (uint64_t)off, size, false);
+	w->rq.rq.fill = true;
+	w->rq.rq.tiered = true;
+	cache_read(&w->rq.rq, reply_iov, req);
+}
+
 static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
@@ -536,12 +559,15 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	if (size > h->h.size - (uint64_t)off)
 		size = (size_t)(h->h.size - (uint64_t)off);
 	g = group_for_request(&ds->cache.budget, ctx->uid, ctx->pid);
+	if (ds->opt->cache == CACHE_KERNEL) {
+		read_tiered(req, ds, h, g, w, ino, size, off);
+		return;
+	}
 	/* a page-cache fill (mmap fault) has neither flag nor lock owner */
 	ra_request_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
 			h->h.base + (uint64_t)off, size,
 			!(fi->flags & READ_LOCKOWNER) && !fi->lock_owner);
-	/* with cache=kernel every read is a page-cache fill */
-	w->rq.rq.fill = w->rq.rq.fault || ds->opt->cache == CACHE_KERNEL;
+	w->rq.rq.fill = w->rq.rq.fault;
 	cache_read(&w->rq.rq, reply_iov, req);
 }
 
@@ -702,11 +728,11 @@ static void zf_init(void *userdata, struct fuse_conn_info *conn)
 	/*
 	 * The kernel's own read-around for mmap faults: kept to a page with
 	 * cache=engine, so that zfolio reads around into its cache, under its
-	 * budget.  With cache=kernel it stays (0 there would make every
-	 * read() a 4 KiB request).
+	 * budget.  With cache=kernel the kernel's readahead sizes the fills
+	 * of the kernel tier: ra_kb, as zfolio's own windows would be.
 	 */
 	if (kra == OPT_UINT_AUTO)
-		kra = ds->opt->cache == CACHE_ENGINE ? 4 : UINT32_MAX;
+		kra = ds->opt->cache == CACHE_ENGINE ? 4 : ds->opt->ra_kb;
 	if (kra != UINT32_MAX && kra * 1024u < conn->max_readahead)
 		conn->max_readahead = kra * 1024u;
 	/* read-only data never changes under the kernel's page cache */

@@ -43,9 +43,10 @@ const struct opt_desc opt_table[] = {
 	 "backing files kept open at once, least recently used closed first "
 	 "(0: half the open-file limit)", NULL, 0, 1u << 24},
 	{"cache", OPT_ENUM, OFF(cache), "engine",
-	 "engine: zfolio's cache is the only cache of file data (direct_io), "
-	 "inside the budget; kernel: the kernel page cache sits in front, "
-	 "fast for hot data but outside the budget",
+	 "engine: zfolio's cache is the only cache of file data (direct_io); "
+	 "kernel: the kernel page cache sits in front and serves hits without "
+	 "a round trip, and zfolio counts what it hands over in the budget "
+	 "and drops it from the page cache to stay under it",
 	 cache_modes, 0, 0},
 	{"ra_kb", OPT_UINT, OFF(ra_kb), "128",
 	 "largest readahead window in KiB, a multiple of 4 (btrfs uses 4096)",
@@ -61,9 +62,9 @@ const struct opt_desc opt_table[] = {
 	 "faulting folio (off)",
 	 readaround_modes, 0, 0},
 	{"kernel_ra_kb", OPT_UINT, OFF(kernel_ra_kb), "auto",
-	 "the kernel's own read-around for mmap faults, in KiB; auto is 4 "
+	 "the kernel's own readahead and read-around, in KiB; auto is 4 "
 	 "(one page) with cache=engine, so that zfolio reads around into its "
-	 "cache; more speeds sequential mmap at the cost of kernel page cache",
+	 "cache, and ra_kb with cache=kernel, where it sizes the fills",
 	 NULL, 0, 1024},
 	{"backing_cache", OPT_ENUM, OFF(backing_cache), "drop",
 	 "drop: read backing files uncached (RWF_DONTCACHE, no kernel "

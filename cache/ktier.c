@@ -1,0 +1,601 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The kernel tier: the kernel page cache in front of the mount, inside its
+ * budget (DESIGN 10).
+ *
+ * With cache=kernel every FUSE_READ is a page-cache fill, and a hit in the
+ * kernel's page cache never reaches the daemon.  So the daemon counts what
+ * it hands over: each fill's pages are charged to the budget group that
+ * asked for them, as "kernel_file", and kept on that group's two lists of
+ * chunks (CHUNK_BYTES of a file each, with a bitmap of the pages charged).
+ * That is an upper bound of what the kernel holds: it may drop pages on its
+ * own, and when it forgets an inode its pages are gone and uncharged.
+ *
+ * Reclaim shrinks this tier beside the folio LRU (cache_shrink()): a chunk
+ * is evicted from the inactive tail, uncharged at once and queued; the
+ * tier's own thread then drops it from the page cache (for FUSE,
+ * FUSE_NOTIFY_INVAL_INODE through the invalidate() callback).  The pages
+ * stay in the kernel for the few milliseconds in between, which is part of
+ * the slack of one readahead window per reader the budget allows here.
+ *
+ * The deadlock rules (why eviction is queued and never waited for):
+ *  1. Invalidating a range locks each of its pages, so it waits for any
+ *     fill of those pages in flight, and that fill waits for a worker to
+ *     answer it.  So invalidation never runs on a worker (a request
+ *     handler) and no worker waits for it without a bound: reclaim on a
+ *     worker only queues, and a fill then gives the queue at most
+ *     KT_WAIT_US to drain (so that the pages it uncharged are gone before
+ *     more come in).  The kernel locks a fill's pages before the daemon
+ *     even sees the request, so "no fill of this chunk in flight" cannot be
+ *     checked from here: were the worker's wait unbounded, the
+ *     invalidation could wait for a fill queued behind it, and all workers
+ *     for the invalidation.  Bounded, that is a delay, not a deadlock.
+ *  2. The invalidating thread holds no lock of the tier (or any other)
+ *     while it calls invalidate(); fills take the tier's lock after their
+ *     reply is written, so nothing a fill waits for is held.
+ *  3. The tier's lock is never held while charging with reclaim: a charge
+ *     that needs reclaim drops the lock first (reclaim takes it to evict).
+ *
+ * Refaults (mm/workingset.c): hits are invisible, so what is hot is learnt
+ * from evictions.  An evicted chunk leaves a shadow, the tier's eviction
+ * clock (pages evicted or activated, ever).  A fill that finds a shadow is
+ * a refault (workingset_refault); if fewer pages were evicted since than
+ * the group's tier now holds, the chunk would have stayed had the tier been
+ * that much bigger: it was part of the working set, so it goes on the
+ * active list (workingset_activate), protected from the next evictions.
+ * A scan through more than the tier holds refaults at a distance larger
+ * than that, and stays inactive.  Active chunks are never referenced again
+ * (hits are invisible), so the active list is kept no larger than the
+ * inactive one, as inactive_is_low() does below 1 GiB: its oldest go back
+ * to the inactive head.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <urcu/hlist.h>
+
+#include "internal.h"
+
+/* A chunk: 32 pages, one readahead window of the kernel's default size.
+ * Smaller means more bookkeeping per byte, larger coarser evictions. */
+#define CHUNK_SHIFT 17
+#define CHUNK_BYTES (1ull << CHUNK_SHIFT)
+#define CHUNK_PAGES (CHUNK_BYTES >> ZF_PAGE_SHIFT)
+#define KT_HASH_BITS 13
+/* Times a fill reclaims for one chunk before it gives that chunk up. */
+#define KT_CHARGE_TRIES 3
+/* The longest a fill waits for what its reclaim queued (rule 1): dropping
+ * a few MiB takes tens of microseconds when nothing is locked. */
+#define KT_WAIT_US 2000
+
+struct kt_file;
+
+struct kt_chunk {
+	struct cds_list_head lru; /* on its group's lists, or the queue */
+	struct kt_file *file;     /* NULL once queued for invalidation */
+	struct group *group;      /* charged for its pages */
+	uint64_t id;              /* the file's id (queued: still valid) */
+	uint64_t index;           /* chunk index in the file */
+	uint32_t pages;           /* bitmap of the pages charged */
+	bool active;
+};
+
+struct kt_file {
+	struct cds_hlist_node hnode;
+	uint64_t id;
+	uint64_t nchunks;
+	struct kt_chunk **chunks; /* nchunks slots */
+	uint32_t *shadow;         /* eviction clock + 1 per chunk, or 0 */
+};
+
+/* A group's lists (group->ktier), under the tier's lock. */
+struct kt_lists {
+	struct cds_list_head active, inactive; /* newest at the head */
+	unsigned long nr_active, nr_inactive;  /* pages */
+};
+
+struct ktier {
+	pthread_mutex_t lock;
+	struct cds_hlist_head hash[1u << KT_HASH_BITS];
+	uint32_t clock; /* the non-resident age: pages evicted or activated */
+	struct cds_list_head queue; /* chunks to invalidate, oldest first */
+	unsigned long queued;       /* their pages */
+	pthread_cond_t cond;        /* queue not empty, or stop */
+	pthread_cond_t drained;     /* the thread dropped a batch */
+	bool stop, running;
+	pthread_t thread;
+	ktier_invalidate_fn invalidate;
+	void *priv;
+};
+
+static unsigned int pages_in(uint32_t mask)
+{
+	return (unsigned int)__builtin_popcount(mask);
+}
+
+static struct kt_lists *kt_lists_of(struct group *g)
+{
+	return g->ktier;
+}
+
+int ktier_group_init(struct group *g)
+{
+	struct kt_lists *l = calloc(1, sizeof(*l));
+
+	if (!l)
+		return -ENOMEM;
+	CDS_INIT_LIST_HEAD(&l->active);
+	CDS_INIT_LIST_HEAD(&l->inactive);
+	g->ktier = l;
+	return 0;
+}
+
+void ktier_group_fini(struct group *g)
+{
+	free(g->ktier);
+	g->ktier = NULL;
+}
+
+static unsigned long kt_lists_pages(const struct kt_lists *l)
+{
+	return l->nr_active + l->nr_inactive;
+}
+
+unsigned long ktier_pages(struct group *g)
+{
+	struct ktier *kt = cache_of_group(g)->kt;
+	unsigned long n;
+
+	if (!kt || !g->ktier)
+		return 0;
+	pthread_mutex_lock(&kt->lock);
+	n = kt_lists_pages(kt_lists_of(g));
+	pthread_mutex_unlock(&kt->lock);
+	return n;
+}
+
+static struct cds_hlist_head *kt_bucket(struct ktier *kt, uint64_t id)
+{
+	uint64_t h = id * 0x9E3779B97F4A7C15ull;
+
+	return &kt->hash[h >> (64 - KT_HASH_BITS)];
+}
+
+static struct kt_file *kt_file_find(struct ktier *kt, uint64_t id)
+{
+	struct kt_file *f;
+
+	cds_hlist_for_each_entry_2(f, kt_bucket(kt, id), hnode)
+		if (f->id == id)
+			return f;
+	return NULL;
+}
+
+static struct kt_file *kt_file_get(struct ktier *kt, uint64_t id,
+				   uint64_t size)
+{
+	struct kt_file *f = kt_file_find(kt, id);
+
+	if (f)
+		return f;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return NULL;
+	f->id = id;
+	f->nchunks = (size + CHUNK_BYTES - 1) >> CHUNK_SHIFT;
+	f->chunks = calloc(f->nchunks ? f->nchunks : 1, sizeof(*f->chunks));
+	if (!f->chunks) {
+		free(f);
+		return NULL;
+	}
+	cds_hlist_add_head(&f->hnode, kt_bucket(kt, id));
+	return f;
+}
+
+static void kt_list_account(struct kt_chunk *c, long sign)
+{
+	struct kt_lists *l = kt_lists_of(c->group);
+	long n = sign * (long)pages_in(c->pages);
+
+	if (c->active)
+		l->nr_active += (unsigned long)n;
+	else
+		l->nr_inactive += (unsigned long)n;
+	stat_mod(c->group, STAT_KERNEL_FILE, n);
+}
+
+static void kt_unlink(struct kt_chunk *c)
+{
+	cds_list_del_init(&c->lru);
+	kt_list_account(c, -1);
+	c->file->chunks[c->index] = NULL;
+}
+
+/*
+ * workingset_refault() for a chunk filled again: whether its shadow says
+ * it was evicted recently enough to be part of the working set.
+ */
+static bool kt_refault(struct ktier *kt, struct kt_file *f, uint64_t ci,
+		       struct group *g, unsigned long pages)
+{
+	uint32_t s = f->shadow ? f->shadow[ci] : 0, distance;
+
+	if (!s)
+		return false;
+	f->shadow[ci] = 0;
+	distance = kt->clock - (s - 1);
+	stat_mod(g, STAT_WORKINGSET_REFAULT, (long)pages);
+	if (distance > kt_lists_pages(kt_lists_of(g)))
+		return false;
+	kt->clock += (uint32_t)pages;
+	stat_mod(g, STAT_WORKINGSET_ACTIVATE, (long)pages);
+	return true;
+}
+
+/* Pages [p0, p1) of chunk ci enter the tier, charged to g: n of them are
+ * new (the caller charged n); a new chunk goes on a list. */
+static void kt_commit(struct ktier *kt, struct kt_file *f, uint64_t ci,
+		      struct group *g, uint32_t newmask)
+{
+	struct kt_chunk *c = f->chunks[ci];
+	struct kt_lists *l;
+
+	if (c) {
+		kt_list_account(c, -1);
+		c->pages |= newmask;
+		kt_list_account(c, 1);
+	} else {
+		c = calloc(1, sizeof(*c));
+		if (!c)
+			return; /* untracked: the caller invalidates it */
+		c->file = f;
+		c->group = g;
+		c->id = f->id;
+		c->index = ci;
+		c->pages = newmask;
+		c->active = kt_refault(kt, f, ci, g, pages_in(newmask));
+		l = kt_lists_of(g);
+		cds_list_add(&c->lru, c->active ? &l->active : &l->inactive);
+		f->chunks[ci] = c;
+		kt_list_account(c, 1);
+	}
+	stat_mod(g, STAT_KERNEL_FILLS, pages_in(newmask));
+}
+
+static uint32_t chunk_mask(uint64_t ci, uint64_t pos, uint64_t end)
+{
+	uint64_t c0 = ci << CHUNK_SHIFT, from = pos > c0 ? pos - c0 : 0;
+	uint64_t to = end - c0 < CHUNK_BYTES ? end - c0 : CHUNK_BYTES;
+	unsigned int p0 = (unsigned int)(from >> ZF_PAGE_SHIFT);
+	unsigned int p1 = (unsigned int)((to + ZF_PAGE_SIZE - 1) >>
+					 ZF_PAGE_SHIFT);
+	uint64_t bits = ((1ull << (p1 - p0)) - 1) << p0;
+
+	return (uint32_t)bits;
+}
+
+static void kt_queue(struct ktier *kt, struct kt_chunk *c)
+{
+	c->file = NULL;
+	cds_list_add_tail(&c->lru, &kt->queue);
+	kt->queued += pages_in(c->pages);
+	pthread_cond_signal(&kt->cond);
+}
+
+/* Queue an untracked range for invalidation (a fill that could not be
+ * charged: the kernel must not keep what the budget does not count). */
+static void kt_queue_range(struct ktier *kt, uint64_t id, uint64_t ci,
+			   uint32_t mask)
+{
+	struct kt_chunk *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return; /* nothing better to do */
+	c->id = id;
+	c->index = ci;
+	c->pages = mask;
+	kt_queue(kt, c);
+}
+
+enum kt_step { KT_DONE, KT_RECLAIM, KT_GIVE_UP };
+
+/*
+ * One chunk's part of a fill, under the lock: charge its new pages without
+ * reclaim and commit them.  KT_RECLAIM: *owner needs *need pages first.
+ */
+static enum kt_step kt_fill_chunk(struct ktier *kt, struct group *g,
+				  uint64_t id, uint64_t size, uint64_t ci,
+				  uint32_t mask, struct group **owner,
+				  unsigned long *need)
+{
+	struct kt_file *f = kt_file_get(kt, id, size);
+	struct kt_chunk *c;
+	uint32_t newmask;
+
+	if (!f || ci >= f->nchunks)
+		return KT_GIVE_UP;
+	c = f->chunks[ci];
+	*owner = c ? c->group : g;
+	newmask = mask & ~(c ? c->pages : 0);
+	if (!newmask)
+		return KT_DONE;
+	*need = pages_in(newmask);
+	if (charge_nowait(*owner, *need))
+		return KT_RECLAIM;
+	kt_commit(kt, f, ci, *owner, newmask);
+	if (!f->chunks[ci]) {
+		uncharge(*owner, *need);
+		return KT_GIVE_UP;
+	}
+	return KT_DONE;
+}
+
+/* Give what reclaim queued up to KT_WAIT_US to leave the page cache. */
+static void kt_wait_drained(struct ktier *kt)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_nsec += KT_WAIT_US * 1000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&kt->lock);
+	while (kt->queued && !kt->stop &&
+	       pthread_cond_timedwait(&kt->drained, &kt->lock, &until) == 0)
+		;
+	pthread_mutex_unlock(&kt->lock);
+}
+
+void ktier_filled(struct cache *cache, struct group *g, uint64_t id,
+		  uint64_t size, uint64_t pos, size_t len)
+{
+	struct ktier *kt = cache->kt;
+	uint64_t end = pos + len;
+
+	if (!kt || !len)
+		return;
+	for (uint64_t ci = pos >> CHUNK_SHIFT; ci <= (end - 1) >> CHUNK_SHIFT;
+	     ci++) {
+		uint32_t mask = chunk_mask(ci, pos, end);
+		enum kt_step st = KT_RECLAIM;
+		struct group *owner = g;
+		unsigned long need = 0;
+
+		for (int tries = 0; st == KT_RECLAIM; tries++) {
+			pthread_mutex_lock(&kt->lock);
+			st = kt_fill_chunk(kt, g, id, size, ci, mask, &owner,
+					   &need);
+			if (st == KT_RECLAIM && tries == KT_CHARGE_TRIES)
+				st = KT_GIVE_UP;
+			if (st == KT_GIVE_UP)
+				kt_queue_range(kt, id, ci, mask);
+			pthread_mutex_unlock(&kt->lock);
+			/* rule 3: reclaim (which evicts chunks) unlocked;
+			 * what it made room for is charged on the next try */
+			if (st == KT_RECLAIM && charge_demand(owner, need) == 0)
+				uncharge(owner, need);
+		}
+	}
+	kt_wait_drained(kt);
+}
+
+/* Move the active list's oldest to the inactive head (shrink_active_list) */
+static bool kt_deactivate_one(struct kt_lists *l, struct group *g)
+{
+	struct kt_chunk *c;
+
+	if (cds_list_empty(&l->active))
+		return false;
+	c = cds_list_entry(l->active.prev, struct kt_chunk, lru);
+	kt_list_account(c, -1);
+	c->active = false;
+	kt_list_account(c, 1);
+	cds_list_move(&c->lru, &l->inactive);
+	stat_mod(g, STAT_PGDEACTIVATE, pages_in(c->pages));
+	return true;
+}
+
+/* workingset_eviction(): the chunk leaves a shadow and ages the clock. */
+static void kt_evict(struct ktier *kt, struct kt_chunk *c)
+{
+	struct kt_file *f = c->file;
+	unsigned int n = pages_in(c->pages);
+
+	if (!f->shadow)
+		f->shadow = calloc(f->nchunks, sizeof(*f->shadow));
+	if (f->shadow)
+		f->shadow[c->index] = kt->clock + 1 ? kt->clock + 1 : 1;
+	kt->clock += n;
+	kt_unlink(c);
+	stat_mod(c->group, STAT_KERNEL_EVICTED, n);
+	kt_queue(kt, c);
+}
+
+unsigned long ktier_shrink(struct group *g, unsigned long nr,
+			   unsigned long *scanned)
+{
+	struct ktier *kt = cache_of_group(g)->kt;
+	struct kt_lists *l = kt_lists_of(g);
+	unsigned long got = 0;
+	struct kt_chunk *c;
+
+	if (!kt || !l)
+		return 0;
+	pthread_mutex_lock(&kt->lock);
+	while (got < nr) {
+		if (cds_list_empty(&l->inactive) ||
+		    l->nr_inactive < l->nr_active)
+			if (!kt_deactivate_one(l, g) &&
+			    cds_list_empty(&l->inactive))
+				break;
+		c = cds_list_entry(l->inactive.prev, struct kt_chunk, lru);
+		got += pages_in(c->pages);
+		kt_evict(kt, c);
+	}
+	pthread_mutex_unlock(&kt->lock);
+	*scanned += got;
+	if (got)
+		uncharge(g, got);
+	return got;
+}
+
+/* Every chunk of f leaves the tier, uncharged, and f is freed (its hash
+ * node is already unlinked); under the lock. */
+static void kt_file_drop(struct kt_file *f)
+{
+	for (uint64_t i = 0; i < f->nchunks; i++) {
+		struct kt_chunk *c = f->chunks[i];
+
+		if (!c)
+			continue;
+		kt_unlink(c);
+		uncharge(c->group, pages_in(c->pages));
+		free(c);
+	}
+	free(f->chunks);
+	free(f->shadow);
+	free(f);
+}
+
+/* The kernel forgot the inode: its pages went with it. */
+void ktier_forget(struct cache *cache, uint64_t id)
+{
+	struct ktier *kt = cache->kt;
+	struct kt_file *f;
+
+	if (!kt)
+		return;
+	pthread_mutex_lock(&kt->lock);
+	f = kt_file_find(kt, id);
+	if (f) {
+		cds_hlist_del(&f->hnode);
+		kt_file_drop(f);
+	}
+	pthread_mutex_unlock(&kt->lock);
+}
+
+/* The queue, oldest first, adjacent chunks of one file in one call: the
+ * pages it held. */
+static unsigned long kt_invalidate_all(struct ktier *kt,
+				       struct cds_list_head *todo)
+{
+	struct kt_chunk *c, *next;
+	uint64_t id = 0, first = 0, n = 0;
+	unsigned long pages = 0;
+
+	cds_list_for_each_entry_safe(c, next, todo, lru) {
+		pages += pages_in(c->pages);
+		if (n && (c->id != id || c->index != first + n)) {
+			kt->invalidate(id, first << CHUNK_SHIFT,
+				       n << CHUNK_SHIFT, kt->priv);
+			n = 0;
+		}
+		if (!n) {
+			id = c->id;
+			first = c->index;
+		}
+		n++;
+		cds_list_del(&c->lru);
+		free(c);
+	}
+	if (n)
+		kt->invalidate(id, first << CHUNK_SHIFT, n << CHUNK_SHIFT,
+			       kt->priv);
+	return pages;
+}
+
+/* The tier's thread: serves no request, holds no lock while it drops
+ * pages (rules 1 and 2). */
+static void *kt_thread(void *arg)
+{
+	struct ktier *kt = arg;
+	struct cds_list_head todo;
+	unsigned long done;
+
+	pthread_mutex_lock(&kt->lock);
+	for (;;) {
+		while (cds_list_empty(&kt->queue) && !kt->stop)
+			pthread_cond_wait(&kt->cond, &kt->lock);
+		if (cds_list_empty(&kt->queue))
+			break;
+		CDS_INIT_LIST_HEAD(&todo);
+		cds_list_splice(&kt->queue, &todo);
+		CDS_INIT_LIST_HEAD(&kt->queue);
+		pthread_mutex_unlock(&kt->lock);
+		done = kt_invalidate_all(kt, &todo);
+		pthread_mutex_lock(&kt->lock);
+		kt->queued -= done;
+		pthread_cond_broadcast(&kt->drained);
+	}
+	pthread_mutex_unlock(&kt->lock);
+	return NULL;
+}
+
+int ktier_enable(struct cache *cache, ktier_invalidate_fn invalidate,
+		 void *priv)
+{
+	struct ktier *kt = calloc(1, sizeof(*kt));
+	pthread_condattr_t ca;
+	int err;
+
+	if (!kt)
+		return -ENOMEM;
+	pthread_mutex_init(&kt->lock, NULL);
+	pthread_cond_init(&kt->cond, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&kt->drained, &ca);
+	pthread_condattr_destroy(&ca);
+	CDS_INIT_LIST_HEAD(&kt->queue);
+	kt->invalidate = invalidate;
+	kt->priv = priv;
+	err = pthread_create(&kt->thread, NULL, kt_thread, kt);
+	if (err) {
+		free(kt);
+		return -err;
+	}
+	kt->running = true;
+	cache->kt = kt;
+	return 0;
+}
+
+/* Stop the thread once the queue is empty; the tier keeps counting
+ * nothing more (fills after it are not tracked). */
+void ktier_disable(struct cache *cache)
+{
+	struct ktier *kt = cache->kt;
+	struct kt_file *f;
+	struct cds_hlist_node *pos, *tmp;
+
+	if (!kt)
+		return;
+	pthread_mutex_lock(&kt->lock);
+	kt->stop = true;
+	pthread_cond_signal(&kt->cond);
+	pthread_mutex_unlock(&kt->lock);
+	pthread_join(kt->thread, NULL);
+	cache->kt = NULL;
+	for (unsigned int b = 0; b < (1u << KT_HASH_BITS); b++)
+		cds_hlist_for_each_entry_safe(f, pos, tmp, &kt->hash[b], hnode)
+			kt_file_drop(f);
+	pthread_mutex_destroy(&kt->lock);
+	pthread_cond_destroy(&kt->cond);
+	pthread_cond_destroy(&kt->drained);
+	free(kt);
+}
+
+unsigned long ktier_queued(struct cache *cache)
+{
+	struct ktier *kt = cache->kt;
+	unsigned long n;
+
+	if (!kt)
+		return 0;
+	pthread_mutex_lock(&kt->lock);
+	n = kt->queued;
+	pthread_mutex_unlock(&kt->lock);
+	return n;
+}

@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The kernel tier (cache/ktier.c) with a fake page cache: the invalidate
+ * callback drops ranges from a per-file bitmap of resident pages, as the
+ * kernel would.  Fills are charged once per page and never above the
+ * budget; reclaim evicts the oldest chunks and drops them on the tier's
+ * own thread, never the caller's; a re-read working set is activated by
+ * its refaults and a scan is not; forget uncharges; fills handed over whole
+ * leave the folio cache; and under threads that fill, lower the limit and
+ * reclaim at once, the budget holds and nothing is lost.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fake.h"
+
+#define NFILES 4
+#define FILE_PAGES (64u << 20 >> ZF_PAGE_SHIFT) /* 64 MiB files */
+
+/* What the "kernel" holds: resident pages per file, and who dropped them. */
+static struct fake_kernel {
+	pthread_mutex_t lock;
+	unsigned char resident[NFILES + 1][FILE_PAGES];
+	unsigned long invalidations;
+	bool on_caller; /* an invalidation ran on a filling thread */
+} fk = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static __thread bool filling;
+
+static void fake_invalidate(uint64_t id, uint64_t off, uint64_t len,
+			    void *priv)
+{
+	(void)priv;
+	pthread_mutex_lock(&fk.lock);
+	for (uint64_t p = off >> ZF_PAGE_SHIFT;
+	     p < (off + len) >> ZF_PAGE_SHIFT && p < FILE_PAGES; p++)
+		fk.resident[id][p] = 0;
+	fk.invalidations++;
+	if (filling)
+		fk.on_caller = true;
+	pthread_mutex_unlock(&fk.lock);
+}
+
+/* The kernel filled [pos, pos + len) of file id and told the tier. */
+static void fill(struct cache *c, struct group *g, uint64_t id, uint64_t pos,
+		 size_t len)
+{
+	pthread_mutex_lock(&fk.lock);
+	for (uint64_t p = pos >> ZF_PAGE_SHIFT;
+	     p < (pos + len + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT; p++)
+		fk.resident[id][p] = 1;
+	pthread_mutex_unlock(&fk.lock);
+	filling = true;
+	ktier_filled(c, g, id, (uint64_t)FILE_PAGES << ZF_PAGE_SHIFT, pos, len);
+	filling = false;
+}
+
+static unsigned long resident_pages(void)
+{
+	unsigned long n = 0;
+
+	pthread_mutex_lock(&fk.lock);
+	for (int f = 0; f <= NFILES; f++)
+		for (unsigned int p = 0; p < FILE_PAGES; p++)
+			n += fk.resident[f][p];
+	pthread_mutex_unlock(&fk.lock);
+	return n;
+}
+
+/* Wait until the tier's thread has dropped everything queued. */
+static void settle(struct cache *c)
+{
+	for (int i = 0; i < 5000 && ktier_queued(c); i++)
+		usleep(1000);
+	CHECK_EQ(ktier_queued(c), 0);
+}
+
+static void start(struct cache *c, unsigned long budget_pages)
+{
+	memset(fk.resident, 0, sizeof(fk.resident));
+	fk.invalidations = 0;
+	fk.on_caller = false;
+	setup(c, budget_pages, true);
+	CHECK_EQ(ktier_enable(c, fake_invalidate, NULL), 0);
+}
+
+static void stop(struct cache *c)
+{
+	ktier_disable(c);
+	CHECK_EQ(counter_read(&c->budget.root.mem), stock_pages(&c->budget));
+	cache_destroy(c);
+}
+
+static void test_charge_once(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+
+	cache_thread_register();
+	start(&c, 4096);
+	fill(&c, g, 1, 0, 128 << 10);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_FILE), 32);
+	/* the same pages again (the kernel dropped them on its own): no
+	 * second charge */
+	fill(&c, g, 1, 0, 64 << 10);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_FILE), 32);
+	/* a page in the middle of a chunk, and a short tail: whole pages */
+	fill(&c, g, 1, 1 << 20, 4096);
+	fill(&c, g, 1, (2 << 20) + 8192, 100);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_FILE), 34);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_FILLS), 34);
+	CHECK_EQ(ktier_pages(g), 34);
+	CHECK(counter_read(&g->mem) >= 34);
+	/* the kernel forgot the inode: all of it uncharged at once */
+	ktier_forget(&c, 1);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_FILE), 0);
+	CHECK_EQ(ktier_pages(g), 0);
+	CHECK_EQ(counter_read(&g->mem), stock_pages(&c.budget));
+	stop(&c);
+	cache_thread_unregister();
+}
+
+static void test_evict_oldest(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+	unsigned long max = 1024; /* 4 MiB */
+
+	cache_thread_register();
+	start(&c, max);
+	/* 16 MiB read through, in the kernel's 128 KiB windows */
+	for (uint64_t pos = 0; pos < (16 << 20); pos += 128 << 10) {
+		fill(&c, g, 2, pos, 128 << 10);
+		CHECK(counter_read(&g->mem) <= (long)max);
+	}
+	settle(&c);
+	CHECK(!fk.on_caller);
+	CHECK(fk.invalidations > 0);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_FILLS), 4096);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_FILE) +
+			 stat_read(g, STAT_KERNEL_EVICTED),
+		 4096);
+	/* what the kernel still holds is what is charged, and the newest */
+	CHECK_EQ(resident_pages(), (unsigned long)stat_read(g, STAT_KERNEL_FILE));
+	CHECK(stat_read(g, STAT_KERNEL_FILE) <= (long)max);
+	CHECK(stat_read(g, STAT_KERNEL_FILE) > (long)max / 2);
+	CHECK(fk.resident[2][(16 << 20 >> ZF_PAGE_SHIFT) - 1]);
+	CHECK(!fk.resident[2][0]);
+	/* a scan never refaults what it did not read twice */
+	CHECK_EQ(stat_read(g, STAT_WORKINGSET_REFAULT), 0);
+	/* memory.reclaim frees from the tier as well */
+	CHECK_EQ(reclaim_proactive(g, 512), 0);
+	settle(&c);
+	CHECK(stat_read(g, STAT_KERNEL_FILE) <= (long)max - 512);
+	CHECK_EQ(resident_pages(), (unsigned long)stat_read(g, STAT_KERNEL_FILE));
+	/* and a lower memory.max brings it under */
+	CHECK_EQ(group_set_max(g, 100), 0);
+	settle(&c);
+	CHECK(stat_read(g, STAT_KERNEL_FILE) <= 100);
+	CHECK(resident_pages() <= 100);
+	stop(&c);
+	cache_thread_unregister();
+}
+
+/* Read [0, bytes) of file id through, as the kernel's readahead does. */
+static void read_through(struct cache *c, uint64_t id, uint64_t bytes)
+{
+	for (uint64_t pos = 0; pos < bytes; pos += 128 << 10) {
+		bool hit;
+
+		pthread_mutex_lock(&fk.lock);
+		hit = fk.resident[id][pos >> ZF_PAGE_SHIFT];
+		pthread_mutex_unlock(&fk.lock);
+		if (!hit) /* a hit never reaches the daemon */
+			fill(c, &c->budget.root, id, pos, 128 << 10);
+	}
+}
+
+static void test_refaults(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+
+	/* a scan of 4x the tier, twice: refaults, none of them recent */
+	cache_thread_register();
+	start(&c, 2048); /* 8 MiB */
+	read_through(&c, 1, 32 << 20);
+	settle(&c);
+	read_through(&c, 1, 32 << 20);
+	CHECK(stat_read(g, STAT_WORKINGSET_REFAULT) > 0);
+	CHECK_EQ(stat_read(g, STAT_WORKINGSET_ACTIVATE), 0);
+	stop(&c);
+
+	/*
+	 * A working set of 3 MiB read again and again while a stream of
+	 * 2 MiB goes by between its reads: pushed out at first, its
+	 * refaults are recent, so it is activated and then stays while
+	 * the streams are evicted.
+	 */
+	start(&c, 2048);
+	for (int round = 0; round < 12; round++) {
+		read_through(&c, 3, 3 << 20);
+		settle(&c);
+		for (uint64_t pos = 0; pos < (2 << 20); pos += 128 << 10)
+			fill(&c, g, 4, (uint64_t)round * (2 << 20) + pos,
+			     128 << 10);
+		settle(&c);
+	}
+	CHECK(stat_read(g, STAT_WORKINGSET_ACTIVATE) > 0);
+	{
+		long refaults = stat_read(g, STAT_WORKINGSET_REFAULT);
+
+		/* protected now: another round brings no refault */
+		read_through(&c, 3, 3 << 20);
+		settle(&c);
+		for (uint64_t pos = 0; pos < (2 << 20); pos += 128 << 10)
+			fill(&c, g, 4, (30u << 20) + pos, 128 << 10);
+		settle(&c);
+		read_through(&c, 3, 3 << 20);
+		CHECK_EQ(stat_read(g, STAT_WORKINGSET_REFAULT), refaults);
+	}
+	stop(&c);
+	cache_thread_unregister();
+}
+
+/* A fill that takes a whole folio hands it over; a partial one keeps it. */
+static void test_hand_over(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+	struct sink s = {.buf = malloc(1 << 20)};
+
+	cache_thread_register();
+	start(&c, 4096);
+	struct mapping *m = fake_mapping(&c, 8 * FOLIO);
+	struct ra_request *r = calloc(1, sizeof(*r));
+
+	ra_request_init(r, m, NULL, g, NULL, 0, 2 * FOLIO, false);
+	r->rq.fill = r->rq.tiered = true;
+	CHECK_EQ(cache_read(&r->rq, sink_reply, &s), 0);
+	CHECK(bytes_ok(&s, 0));
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
+	CHECK_EQ(stat_read(g, STAT_FILE), 0);
+	s.len = 0;
+	ra_request_init(r, m, NULL, g, NULL, 3 * FOLIO + 4096, 8192, false);
+	r->rq.fill = r->rq.tiered = true;
+	CHECK_EQ(cache_read(&r->rq, sink_reply, &s), 0);
+	CHECK(bytes_ok(&s, 3 * FOLIO + 4096));
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
+	CHECK_EQ(stat_read(g, STAT_FILE), 32);
+	cache_quiescent();
+	free(r);
+	mapping_put(m);
+	stop(&c);
+	cache_thread_unregister();
+	free(s.buf);
+}
+
+struct storm {
+	struct cache *c;
+	atomic_bool stop;
+	atomic_long over; /* times usage was seen above the limit */
+	atomic_int next_id;
+};
+
+/* The kernel evicts inode id: its pages go, then FORGET. */
+static void forget(struct cache *c, uint64_t id)
+{
+	pthread_mutex_lock(&fk.lock);
+	memset(fk.resident[id], 0, sizeof(fk.resident[id]));
+	pthread_mutex_unlock(&fk.lock);
+	ktier_forget(c, id);
+}
+
+/* Each filler reads its own file (an open file holds its inode). */
+static void *storm_filler(void *arg)
+{
+	struct storm *st = arg;
+	unsigned long long seed = (unsigned long long)pthread_self() | 1;
+	uint64_t id = (uint64_t)atomic_fetch_add(&st->next_id, 1) + 1;
+
+	cache_thread_register();
+	for (int i = 0; i < 20000 && !atomic_load(&st->stop); i++) {
+		uint64_t pos = (test_rand(&seed) % (FILE_PAGES - 64))
+			       << ZF_PAGE_SHIFT;
+		size_t len = (1 + test_rand(&seed) % 64) << ZF_PAGE_SHIFT;
+
+		fill(st->c, &st->c->budget.root, id, pos, len);
+		if (i % 997 == 0)
+			forget(st->c, id);
+		cache_quiescent();
+	}
+	cache_thread_unregister();
+	return NULL;
+}
+
+static void *storm_limits(void *arg)
+{
+	struct storm *st = arg;
+	struct group *g = &st->c->budget.root;
+	long limits[] = {2048, 512, 4096, 256, 1024};
+
+	cache_thread_register();
+	for (int i = 0; !atomic_load(&st->stop); i++) {
+		long usage, max;
+
+		group_set_max(g, limits[i % 5]);
+		reclaim_proactive(g, 64);
+		counter_snapshot(&g->mem, &usage, &max);
+		if (usage > max)
+			atomic_fetch_add(&st->over, 1);
+		cache_quiescent();
+		usleep(500);
+	}
+	cache_thread_unregister();
+	return NULL;
+}
+
+static void test_storm(void)
+{
+	struct cache c;
+	struct storm st = {.c = &c};
+	pthread_t fillers[4], limits;
+	struct group *g = &c.budget.root;
+
+	start(&c, 2048);
+	pthread_create(&limits, NULL, storm_limits, &st);
+	for (int i = 0; i < 4; i++)
+		pthread_create(&fillers[i], NULL, storm_filler, &st);
+	for (int i = 0; i < 4; i++)
+		pthread_join(fillers[i], NULL);
+	atomic_store(&st.stop, true);
+	pthread_join(limits, NULL);
+	CHECK_EQ(atomic_load(&st.over), 0);
+	CHECK(!fk.on_caller);
+	settle(&c);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_FILE), (long)ktier_pages(g));
+	CHECK(stat_read(g, STAT_KERNEL_FILE) <= 4096);
+	/* what the kernel holds is never more than the tier counts */
+	CHECK(resident_pages() <= (unsigned long)stat_read(g, STAT_KERNEL_FILE));
+	stop(&c);
+}
+
+int main(void)
+{
+	RUN(test_charge_once);
+	RUN(test_evict_oldest);
+	RUN(test_refaults);
+	RUN(test_hand_over);
+	RUN(test_storm);
+	return check_done();
+}

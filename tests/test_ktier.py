@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""The kernel tier (cache=kernel) on a real mount: the kernel page cache in
+front, inside the budget.  What the mount holds is measured from outside:
+zfolio's folios (memory.stat "file") plus the page-cache pages of every
+file (fincore).
+
+    test_ktier.py budget | limits | refaults
+"""
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zftest import *  # noqa: E402,F401,F403
+
+MIB = 1 << 20
+BUDGET = 32 * MIB
+RA = 128 << 10  # ra_kb: the kernel's window in this mode
+
+
+def stamped(nbytes, seed):
+    """Text-like data whose every page names its file and place, so that a
+    page served at the wrong offset or from the wrong file shows."""
+    base = bytearray(text_bytes(MIB, seed))
+    out = bytearray()
+    for off in range(0, nbytes, 4096):
+        page = base[off % MIB:off % MIB + 4096]
+        page[:16] = struct.pack("<QQ", seed, off)
+        out += page
+    return bytes(out[:nbytes])
+
+
+def make_dataset(d, nfiles=4, size=64 * MIB):
+    src, dst = d + "/src", d + "/dst"
+    os.makedirs(src)
+    files = {}
+    for i in range(nfiles):
+        files["f%d" % i] = stamped(size, i + 1)
+        with open(os.path.join(src, "f%d" % i), "wb") as f:
+            f.write(files["f%d" % i])
+    pack(src, dst)
+    return dst, files
+
+
+def resident(mnt, names):
+    """Bytes of the page cache holding these files, from fincore."""
+    r = subprocess.run(["fincore", "-b", "-n", "-o", "RES"] +
+                       [os.path.join(mnt, n) for n in names],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, "fincore: " + r.stderr)
+    return sum(int(x) for x in r.stdout.split())
+
+
+class Sampler:
+    """Both tiers' bytes, sampled while the readers run: the peak."""
+
+    def __init__(self, m, names):
+        self.m, self.names = m, names
+        self.peak, self.samples = 0, 0
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self.run)
+
+    def total(self):
+        # the page cache around the moment of the stat: at page-cache
+        # speed a MiB comes and goes in a millisecond either side
+        r1 = resident(self.m.mnt, self.names)
+        st = self.m.stat()
+        r2 = resident(self.m.mnt, self.names)
+        return st["file"] + min(r1, r2)
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.total())
+            self.samples += 1
+            time.sleep(0.01)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.t.join()
+        return False
+
+
+def read_file(path, data, use_mmap, errors):
+    """One reader: the whole file, by read() or through a mapping."""
+    try:
+        with open(path, "rb") as f:
+            if use_mmap:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                for off in range(0, len(data), 64 << 10):
+                    if mm[off:off + (64 << 10)] != data[off:off + (64 << 10)]:
+                        errors.append("%s: mmap differs at %d" % (path, off))
+                        break
+                mm.close()
+            else:
+                off = 0
+                while True:
+                    b = f.read(MIB)
+                    if not b:
+                        break
+                    if b != data[off:off + len(b)]:
+                        errors.append("%s: read differs at %d" % (path, off))
+                        break
+                    off += len(b)
+                if off != len(data) and not errors:
+                    errors.append("%s: %d bytes, not %d" % (path, off, len(data)))
+    except OSError as e:
+        errors.append("%s: %s" % (path, e))
+
+
+def readers(mnt, files, rounds=1):
+    """Four readers at once, two by read() and two by mmap."""
+    errors = []
+    for r in range(rounds):
+        ts = [threading.Thread(target=read_file,
+                               args=(os.path.join(mnt, n), files[n],
+                                     (i + r) % 2 == 1, errors))
+              for i, n in enumerate(sorted(files))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    check(not errors, "; ".join(errors[:4]))
+
+
+def settle(m, names, limit, what):
+    """Within a second or two both tiers are under limit."""
+    total = 0
+    for _ in range(100):
+        total = m.stat()["file"] + resident(m.mnt, names)
+        if total <= limit:
+            return total
+        time.sleep(0.02)
+    fail("%s: %d bytes held, limit %d" % (what, total, limit))
+
+
+def test_budget():
+    """Four readers (read() and mmap) over 4 x 64 MiB under budget=32M: every
+    byte right, and zfolio's folios plus the page cache never above the
+    budget plus one readahead window per reader; hits never reach zfolio."""
+    require_root_fuse()
+    with tmpdir() as d:
+        dst, files = make_dataset(d)
+        names = sorted(files)
+        with Mount(dst, d + "/mnt", "cache=kernel,budget=32M,ra_kb=128") as m:
+            with Sampler(m, names) as s:
+                readers(m.mnt, files, rounds=4)
+            st = m.stat()
+            limit = BUDGET + len(names) * RA
+            print("peak %.1f MiB of folios + page cache over %d samples "
+                  "(budget 32 MiB + %d windows); kernel_fills %d, evicted %d, "
+                  "handovers %d" % (s.peak / MIB, s.samples, len(names),
+                                    st["kernel_fills"], st["kernel_evicted"],
+                                    st["kernel_handovers"]))
+            check(s.samples > 10, "only %d samples" % s.samples)
+            check(s.peak <= limit, "held %d bytes, more than %d" % (s.peak, limit))
+            check(st["kernel_fills"] * 4096 >= 4 * 4 * 64 * MIB * 0.9,
+                  "fills not counted: %d pages" % st["kernel_fills"])
+            check(st["kernel_evicted"] > 0, "nothing evicted from the page cache")
+            check(st["fault_fills"] == 0, "fills misfiled as mmap faults")
+            check(st["ra_pages"] * 100 < st["kernel_fills"],
+                  "a second readahead on top of the kernel's: %d pages" % st["ra_pages"])
+            cur = int(m.ctl("memory.current"))
+            check(cur <= BUDGET, "memory.current %d above the budget" % cur)
+            check(st["kernel_file"] + st["file"] <= cur, "memory.current %d does not "
+                  "count both tiers (%d + %d)" % (cur, st["kernel_file"], st["file"]))
+            # what stays cached is served by the kernel: re-reading it
+            # sends nothing to zfolio
+            with open(os.path.join(m.mnt, "f0"), "rb") as f:
+                f.read(4 * MIB)
+                before = m.stat()["pgfault"]
+                for _ in range(20):
+                    f.seek(0)
+                    check(f.read(4 * MIB) == files["f0"][:4 * MIB], "re-read")
+            check(m.stat()["pgfault"] == before, "page-cache hits reached the daemon")
+
+
+def test_limits():
+    """memory.max lowered under load brings both tiers under it, and
+    memory.reclaim frees from both."""
+    require_root_fuse()
+    with tmpdir() as d:
+        dst, files = make_dataset(d)
+        names = sorted(files)
+        with Mount(dst, d + "/mnt", "cache=kernel,budget=64M,ra_kb=128") as m:
+            errors = []
+            ts = [threading.Thread(target=read_file,
+                                   args=(os.path.join(m.mnt, n), files[n], i % 2 == 1,
+                                         errors))
+                  for i, n in enumerate(names)]
+            for t in ts:
+                t.start()
+            time.sleep(0.3)
+            m.set("memory.max", "16M")
+            for t in ts:
+                t.join()
+            check(not errors, "; ".join(errors[:4]))
+            held = settle(m, names, 16 * MIB + len(names) * RA, "after memory.max=16M")
+            print("after memory.max=16M under load: %.1f MiB held" % (held / MIB))
+            check(int(m.ctl("memory.current")) <= 16 * MIB, "memory.current above max")
+            m.set("memory.max", "max")
+            readers(m.mnt, {n: files[n] for n in names[:1]})
+            before = m.stat()
+            held0 = before["file"] + resident(m.mnt, names)
+            m.set("memory.reclaim", "8M")
+            after = m.stat()
+            check(after["kernel_evicted"] > before["kernel_evicted"],
+                  "memory.reclaim freed nothing from the page cache")
+            held1 = settle(m, names, held0 - 6 * MIB, "after memory.reclaim=8M")
+            print("memory.reclaim 8M: %.1f -> %.1f MiB held" % (held0 / MIB, held1 / MIB))
+
+
+def test_refaults():
+    """A re-read working set that fits is found by its refaults and
+    protected (workingset_activate); a scan that does not fit is not."""
+    require_root_fuse()
+    with tmpdir() as d:
+        dst, files = make_dataset(d, nfiles=2)
+        with Mount(dst, d + "/mnt", "cache=kernel,budget=16M,ra_kb=128") as m:
+            hot = os.path.join(m.mnt, "f0")
+            with open(os.path.join(m.mnt, "f1"), "rb") as scan:
+                # a scan of 4x the budget, twice
+                for _ in range(2):
+                    scan.seek(0)
+                    while scan.read(MIB):
+                        pass
+                st = m.stat()
+                print("scan: refaults %d, activated %d" % (st["workingset_refault"],
+                                                           st["workingset_activate"]))
+                check(st["workingset_activate"] == 0, "a scan taken for a working set")
+                # 6 MiB read again and again with 4 MiB of a stream between
+                with open(hot, "rb") as f:
+                    for r in range(10):
+                        f.seek(0)
+                        check(f.read(6 * MIB) == files["f0"][:6 * MIB], "hot set")
+                        scan.seek((r * 4 * MIB) % (60 * MIB))
+                        scan.read(4 * MIB)
+                st = m.stat()
+                print("working set: refaults %d, activated %d" % (
+                    st["workingset_refault"], st["workingset_activate"]))
+                check(st["workingset_activate"] > 0, "the working set never activated")
+
+
+if __name__ == "__main__":
+    main(globals(), "test_ktier.py")
