@@ -175,15 +175,17 @@ static int read_bounce(struct read_req *rq, unsigned long index,
 /*
  * Whether folio i's part [from, to) may be read on its own: a read of less
  * than the folio, all in it, that does not continue the previous read of
- * its file (so no readahead is due), for a reader and not a page-cache
- * fill (which wants whole pages), of a folio not cached.
+ * its file (so no readahead is due), for a reader or a fill of the kernel
+ * tier (whole pages, which read_part gives whole) but not an mmap fault
+ * (read around instead), of a folio not cached.
  */
 static bool read_part_wanted(const struct read_req *rq, unsigned long i,
 			     bool single, uint64_t from, uint64_t to)
 {
 	const struct mapping *m = rq->mapping;
 
-	if (!m->ops->read_part || !single || rq->fill || rq->fault ||
+	if (!m->ops->read_part || !single || (rq->fill && !rq->tiered) ||
+	    rq->fault ||
 	    rq->internal || rq->nbounce >= READ_REQ_MAX_FOLIOS ||
 	    to - from >= mapping_folio_len(m, i))
 		return false;

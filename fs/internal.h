@@ -43,7 +43,7 @@ struct options {
 	unsigned int decode_threads; /* OPT_UINT_AUTO: the cores */
 	unsigned int max_open;
 	unsigned int ra_kb;
-	unsigned int kernel_ra_kb; /* OPT_UINT_AUTO: 4 with cache=engine */
+	unsigned int kernel_ra_kb; /* OPT_UINT_AUTO: options_kernel_ra_kb() */
 	enum readaround_mode readaround;
 	enum cache_mode cache;
 	enum backing_cache backing_cache;
@@ -77,6 +77,7 @@ extern const size_t nr_opts;
 int opt_apply(struct options *o, const struct opt_desc *d, const char *val);
 void opt_value_hint(const struct opt_desc *d, char *out, size_t len);
 void options_defaults(struct options *o);
+unsigned int options_kernel_ra_kb(const struct options *o);
 void options_usage(FILE *out, const char *progname);
 
 enum znode_kind {

@@ -92,11 +92,13 @@ static int opt_proc(void *data, const char *arg, int key,
 	return 1;
 }
 
-/* The mount at path in /proc/self/mountinfo: its type and source. */
+/* The mount at path in /proc/self/mountinfo: its type and source, and
+ * its device as MAJOR:MINOR (dev: NULL or 32 bytes). */
 static bool find_mount(const char *path, char *type, char *source,
-		       size_t len)
+		       size_t len, char *dev)
 {
 	char line[8192], mp[PATH_MAX], fstype[PATH_MAX], src[PATH_MAX];
+	char devno[32];
 	FILE *f = fopen("/proc/self/mountinfo", "re");
 	bool found = false;
 
@@ -105,12 +107,15 @@ static bool find_mount(const char *path, char *type, char *source,
 	while (!found && fgets(line, sizeof(line), f)) {
 		char *sep = strstr(line, " - ");
 
-		if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 ||
+		if (!sep ||
+		    sscanf(line, "%*s %*s %31s %*s %4095s", devno, mp) != 2 ||
 		    sscanf(sep + 3, "%4095s %4095s", fstype, src) != 2)
 			continue;
 		found = strcmp(mp, path) == 0;
 	}
 	fclose(f);
+	if (found && dev)
+		snprintf(dev, 32, "%s", devno);
 	if (found) {
 		snprintf(type, len, "%s", fstype);
 		snprintf(source, len, "%s", src);
@@ -130,7 +135,7 @@ static int check_mountpoint(const char *mp)
 		return -1;
 	}
 	if (realpath(mp, real) && find_mount(real, type, source,
-					     sizeof(type))) {
+					     sizeof(type), NULL)) {
 		closedir(dir);
 		fprintf(stderr,
 			"%s: %s is already a mountpoint (%s from %s); unmount "
@@ -664,6 +669,36 @@ static int uring_start(struct daemon *d, struct loop *lp, unsigned int nq,
 	return strict ? -1 : 0;
 }
 
+/*
+ * cache=kernel: the kernel's readahead sizes the fills, and INIT can only
+ * lower it (to at most 128 KiB), so once INIT is answered the mount's
+ * read_ahead_kb is set to kernel_ra_kb in sysfs, as for a block device.
+ * That takes root; without it the window stays as INIT left it, and is
+ * said so.
+ */
+static void kernel_readahead(struct daemon *d)
+{
+	char real[PATH_MAX], type[PATH_MAX], source[PATH_MAX], dev[32];
+	char path[96];
+	unsigned int kra = options_kernel_ra_kb(&d->opt);
+	FILE *f;
+	int ok;
+
+	if (d->opt.cache != CACHE_KERNEL || kra <= 128 ||
+	    initio_wait(10000) < 0 || !realpath(d->fopts.mountpoint, real) ||
+	    !find_mount(real, type, source, sizeof(type), dev))
+		return;
+	snprintf(path, sizeof(path), "/sys/class/bdi/%s/read_ahead_kb", dev);
+	f = fopen(path, "we");
+	ok = f && fprintf(f, "%u\n", kra) > 0;
+	if (f && fclose(f))
+		ok = 0;
+	if (!ok)
+		fprintf(stderr, "%s: the kernel's readahead stays at 128 KiB: "
+				"kernel_ra_kb=%u needs %s writable (root)\n",
+			progname, kra, path);
+}
+
 /* The kernel tier's eviction: drop [off, off + len) of inode id from the
  * page cache.  ENOENT: the kernel no longer has the inode, nothing to do. */
 static void tier_invalidate(uint64_t id, uint64_t off, uint64_t len,
@@ -694,6 +729,7 @@ static int serve(struct daemon *d)
 		fuse_session_unmount(d->se);
 		return -1;
 	}
+	kernel_readahead(d);
 	if (uring && uring_start(d, &lp, nq, per_queue)) {
 		stop_signal = SIGTERM;
 		ret = -1;

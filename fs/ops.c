@@ -723,17 +723,15 @@ static void erofs_fallocate(fuse_req_t req, fuse_ino_t i, int m, off_t o,
 static void zf_init(void *userdata, struct fuse_conn_info *conn)
 {
 	struct dataset *ds = userdata;
-	unsigned int kra = ds->opt->kernel_ra_kb;
+	unsigned int kra = options_kernel_ra_kb(ds->opt);
 
 	/*
-	 * The kernel's own read-around for mmap faults: kept to a page with
+	 * The kernel's own readahead and read-around: kept to a page with
 	 * cache=engine, so that zfolio reads around into its cache, under its
-	 * budget.  With cache=kernel the kernel's readahead sizes the fills
-	 * of the kernel tier: ra_kb, as zfolio's own windows would be.
+	 * budget.  With cache=kernel it sizes the fills of the kernel tier;
+	 * INIT can only lower it, mount.c raises it past 128 KiB.
 	 */
-	if (kra == OPT_UINT_AUTO)
-		kra = ds->opt->cache == CACHE_ENGINE ? 4 : ds->opt->ra_kb;
-	if (kra != UINT32_MAX && kra * 1024u < conn->max_readahead)
+	if (kra * 1024u < conn->max_readahead)
 		conn->max_readahead = kra * 1024u;
 	/* read-only data never changes under the kernel's page cache */
 	if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)

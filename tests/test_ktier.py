@@ -5,7 +5,7 @@ front, inside the budget.  What the mount holds is measured from outside:
 zfolio's folios (memory.stat "file") plus the page-cache pages of every
 file (fincore).
 
-    test_ktier.py budget | limits | refaults
+    test_ktier.py budget | window | limits | refaults
 """
 import mmap
 import os
@@ -20,7 +20,7 @@ from zftest import *  # noqa: E402,F401,F403
 
 MIB = 1 << 20
 BUDGET = 32 * MIB
-RA = 128 << 10  # ra_kb: the kernel's window in this mode
+RA = 128 << 10  # kernel_ra_kb: the kernel's window
 
 
 def stamped(nbytes, seed):
@@ -150,7 +150,7 @@ def test_budget():
     with tmpdir() as d:
         dst, files = make_dataset(d)
         names = sorted(files)
-        with Mount(dst, d + "/mnt", "cache=kernel,budget=32M,ra_kb=128") as m:
+        with Mount(dst, d + "/mnt", "cache=kernel,budget=32M,kernel_ra_kb=128") as m:
             with Sampler(m, names) as s:
                 readers(m.mnt, files, rounds=4)
             st = m.stat()
@@ -183,6 +183,36 @@ def test_budget():
             check(m.stat()["pgfault"] == before, "page-cache hits reached the daemon")
 
 
+def bdi_read_ahead_kb(mnt):
+    """The mount's read_ahead_kb in sysfs (its bdi is MAJOR:MINOR)."""
+    real = os.path.realpath(mnt)
+    with open("/proc/self/mountinfo") as f:
+        dev = [l.split()[2] for l in f if l.split()[4] == real][0]
+    with open("/sys/class/bdi/%s/read_ahead_kb" % dev) as f:
+        return int(f.read())
+
+
+def test_window():
+    """By default the kernel's readahead window is 4 MiB (INIT alone would
+    leave 128 KiB), and the budget still holds with it: one window per
+    reader above it at most."""
+    require_root_fuse()
+    with tmpdir() as d:
+        dst, files = make_dataset(d)
+        names = sorted(files)
+        with Mount(dst, d + "/mnt", "cache=kernel,budget=32M") as m:
+            check(bdi_read_ahead_kb(m.mnt) == 4096,
+                  "read_ahead_kb %d, not 4096" % bdi_read_ahead_kb(m.mnt))
+            with Sampler(m, names) as s:
+                readers(m.mnt, files, rounds=2)
+            limit = BUDGET + len(names) * (4 << 20)
+            print("4 MiB windows: peak %.1f MiB of folios + page cache over %d samples" % (
+                s.peak / MIB, s.samples))
+            check(s.peak <= limit, "held %d bytes, more than %d" % (s.peak, limit))
+        with Mount(dst, d + "/mnt", "cache=kernel,kernel_ra_kb=1024") as m:
+            check(bdi_read_ahead_kb(m.mnt) == 1024, "kernel_ra_kb=1024 not applied")
+
+
 def test_limits():
     """memory.max lowered under load brings both tiers under it, and
     memory.reclaim frees from both."""
@@ -190,7 +220,7 @@ def test_limits():
     with tmpdir() as d:
         dst, files = make_dataset(d)
         names = sorted(files)
-        with Mount(dst, d + "/mnt", "cache=kernel,budget=64M,ra_kb=128") as m:
+        with Mount(dst, d + "/mnt", "cache=kernel,budget=64M,kernel_ra_kb=128") as m:
             errors = []
             ts = [threading.Thread(target=read_file,
                                    args=(os.path.join(m.mnt, n), files[n], i % 2 == 1,
@@ -224,7 +254,7 @@ def test_refaults():
     require_root_fuse()
     with tmpdir() as d:
         dst, files = make_dataset(d, nfiles=2)
-        with Mount(dst, d + "/mnt", "cache=kernel,budget=16M,ra_kb=128") as m:
+        with Mount(dst, d + "/mnt", "cache=kernel,budget=16M,kernel_ra_kb=128") as m:
             hot = os.path.join(m.mnt, "f0")
             with open(os.path.join(m.mnt, "f1"), "rb") as scan:
                 # a scan of 4x the budget, twice
