@@ -2,7 +2,8 @@
 /*
  * zfolio-reader: one reader process of the seed's experiment.
  *
- *   zfolio-reader FILE cold|seq|random SECONDS SEED [pread|mmap]
+ *   zfolio-reader FILE cold|seq|random|extents SECONDS SEED [pread|mmap
+ *                 [SPAN]]
  *
  * cold:   64 consecutive pages from a random start, repeated.
  * seq:    4096 consecutive pages from a random start, repeated.
@@ -10,6 +11,7 @@
  * extents: one page in each 128 KiB extent, the extents in random order,
  *         until every one was read once: cold random reads (every read
  *         needs a different compressed frame).
+ * SPAN (bytes): read only the file's first SPAN bytes (a hot set).
  * Each page is one 4 KiB pread, or one touched byte of a read-only shared
  * mapping (a private one where the filesystem refuses shared mappings).
  * Prints the pages read, the pages read in each second, and this process's
@@ -95,8 +97,9 @@ int main(int argc, char **argv)
 	int fd, mmap_mode;
 
 	if (argc < 5) {
-		fprintf(stderr, "usage: zfolio-reader FILE cold|seq SECONDS "
-				"SEED [pread|mmap]\n");
+		fprintf(stderr, "usage: zfolio-reader FILE "
+				"cold|seq|random|extents SECONDS SEED "
+				"[pread|mmap [SPAN]]\n");
 		return 2;
 	}
 	burst = strcmp(argv[2], "seq") == 0	     ? 4096
@@ -116,6 +119,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	npages = (uint64_t)st.st_size / PAGE;
+	if (argc > 6 && strtoull(argv[6], NULL, 10) / PAGE < npages)
+		npages = strtoull(argv[6], NULL, 10) / PAGE;
 	if (npages < (uint64_t)burst)
 		return 1;
 	if (mmap_mode) {
