@@ -342,9 +342,12 @@ typedef void (*ktier_invalidate_fn)(uint64_t id, uint64_t off, uint64_t len,
 int ktier_enable(struct cache *c, ktier_invalidate_fn invalidate,
 		 void *priv);
 void ktier_disable(struct cache *c);
-/* [pos, pos + len) of file id (of size bytes) went to the page cache */
-void ktier_filled(struct cache *c, struct group *g, uint64_t id,
-		  uint64_t size, uint64_t pos, size_t len);
+/* [pos, pos + len) of file id (of size bytes) is being filled into the
+ * page cache (the kernel has its pages): charged; and that fill is done,
+ * replied to or failed */
+void ktier_fill_begin(struct cache *c, struct group *g, uint64_t id,
+		      uint64_t size, uint64_t pos, size_t len);
+void ktier_fill_end(struct cache *c, uint64_t id, uint64_t pos, size_t len);
 void ktier_forget(struct cache *c, uint64_t id);
 unsigned long ktier_pages(struct group *g);
 unsigned long ktier_queued(struct cache *c);

@@ -18,21 +18,24 @@
  * stay in the kernel for the few milliseconds in between, which is part of
  * the slack of one readahead window per reader the budget allows here.
  *
- * The deadlock rules (why eviction is queued and never waited for):
- *  1. Invalidating a range locks each of its pages, so it waits for any
- *     fill of those pages in flight, and that fill waits for a worker to
- *     answer it.  So invalidation never runs on a worker (a request
- *     handler) and no worker waits for it without a bound: reclaim on a
- *     worker only queues, and a fill then gives the queue at most
- *     KT_WAIT_US to drain (so that the pages it uncharged are gone before
- *     more come in).  The kernel locks a fill's pages before the daemon
- *     even sees the request, so "no fill of this chunk in flight" cannot be
- *     checked from here: were the worker's wait unbounded, the
- *     invalidation could wait for a fill queued behind it, and all workers
- *     for the invalidation.  Bounded, that is a delay, not a deadlock.
- *  2. The invalidating thread holds no lock of the tier (or any other)
- *     while it calls invalidate(); fills take the tier's lock after their
- *     reply is written, so nothing a fill waits for is held.
+ * The deadlock rules.  Invalidating a range locks each of its pages, and
+ * waits (uninterruptibly) for any fill of those pages in flight; that fill
+ * waits for a worker to answer it, and if the daemon is killed, for ever:
+ * the stuck thread keeps /dev/fuse open, so the kernel never aborts the
+ * fills, and readers and daemon hang.  So:
+ *  1. A range is dropped only when each of its pages was filled and its
+ *     fill answered: a fill marks its chunks' pages pending from
+ *     ktier_fill_begin() (on arrival: the kernel has the pages, so they
+ *     are charged then) to ktier_fill_end() (after the reply), and reclaim
+ *     passes over a chunk with pages pending.  What a fill could not be
+ *     charged for is dropped after its end.  Pages the kernel locks for a
+ *     fill the daemon has not received yet are pages it does not hold, so
+ *     not in a chunk's bitmap: unless the kernel dropped them on its own
+ *     and is filling them again, which is the one case left.
+ *  2. Invalidation runs on the tier's own thread, never a worker (a
+ *     request handler), holding no lock; a worker waits for it at most
+ *     KT_WAIT_US after a fill (so that the pages its reclaim uncharged are
+ *     gone before more come in), a delay and never a deadlock.
  *  3. The tier's lock is never held while charging with reclaim: a charge
  *     that needs reclaim drops the lock first (reclaim takes it to evict).
  *
@@ -65,7 +68,7 @@
 #define KT_HASH_BITS 13
 /* Times a fill reclaims for one chunk before it gives that chunk up. */
 #define KT_CHARGE_TRIES 3
-/* The longest a fill waits for what its reclaim queued (rule 1): dropping
+/* The longest a fill waits for what its reclaim queued (rule 2): dropping
  * a few MiB takes tens of microseconds when nothing is locked. */
 #define KT_WAIT_US 2000
 
@@ -78,6 +81,7 @@ struct kt_chunk {
 	uint64_t id;              /* the file's id (queued: still valid) */
 	uint64_t index;           /* chunk index in the file */
 	uint32_t pages;           /* bitmap of the pages charged */
+	uint32_t pending;         /* of them, pages with a fill in flight */
 	bool active;
 };
 
@@ -318,16 +322,18 @@ static enum kt_step kt_fill_chunk(struct ktier *kt, struct group *g,
 	c = f->chunks[ci];
 	*owner = c ? c->group : g;
 	newmask = mask & ~(c ? c->pages : 0);
-	if (!newmask)
-		return KT_DONE;
-	*need = pages_in(newmask);
-	if (charge_nowait(*owner, *need))
-		return KT_RECLAIM;
-	kt_commit(kt, f, ci, *owner, newmask);
-	if (!f->chunks[ci]) {
-		uncharge(*owner, *need);
-		return KT_GIVE_UP;
+	if (newmask) {
+		*need = pages_in(newmask);
+		if (charge_nowait(*owner, *need))
+			return KT_RECLAIM;
+		kt_commit(kt, f, ci, *owner, newmask);
+		c = f->chunks[ci];
+		if (!c) {
+			uncharge(*owner, *need);
+			return KT_GIVE_UP;
+		}
 	}
+	c->pending |= mask; /* not evicted until ktier_fill_end() */
 	return KT_DONE;
 }
 
@@ -349,8 +355,8 @@ static void kt_wait_drained(struct ktier *kt)
 	pthread_mutex_unlock(&kt->lock);
 }
 
-void ktier_filled(struct cache *cache, struct group *g, uint64_t id,
-		  uint64_t size, uint64_t pos, size_t len)
+void ktier_fill_begin(struct cache *cache, struct group *g, uint64_t id,
+		      uint64_t size, uint64_t pos, size_t len)
 {
 	struct ktier *kt = cache->kt;
 	uint64_t end = pos + len;
@@ -368,10 +374,9 @@ void ktier_filled(struct cache *cache, struct group *g, uint64_t id,
 			pthread_mutex_lock(&kt->lock);
 			st = kt_fill_chunk(kt, g, id, size, ci, mask, &owner,
 					   &need);
+			/* given up: not counted, so dropped after the fill */
 			if (st == KT_RECLAIM && tries == KT_CHARGE_TRIES)
 				st = KT_GIVE_UP;
-			if (st == KT_GIVE_UP)
-				kt_queue_range(kt, id, ci, mask);
 			pthread_mutex_unlock(&kt->lock);
 			/* rule 3: reclaim (which evicts chunks) unlocked;
 			 * what it made room for is charged on the next try */
@@ -379,6 +384,32 @@ void ktier_filled(struct cache *cache, struct group *g, uint64_t id,
 				uncharge(owner, need);
 		}
 	}
+}
+
+void ktier_fill_end(struct cache *cache, uint64_t id, uint64_t pos,
+		    size_t len)
+{
+	struct ktier *kt = cache->kt;
+	uint64_t end = pos + len;
+	struct kt_file *f;
+
+	if (!kt || !len)
+		return;
+	pthread_mutex_lock(&kt->lock);
+	f = kt_file_find(kt, id);
+	for (uint64_t ci = pos >> CHUNK_SHIFT; ci <= (end - 1) >> CHUNK_SHIFT;
+	     ci++) {
+		uint32_t mask = chunk_mask(ci, pos, end);
+		struct kt_chunk *c = f && ci < f->nchunks ? f->chunks[ci] : NULL;
+
+		if (c)
+			c->pending &= ~mask;
+		/* what the budget could not take leaves the page cache now
+		 * that it is filled (rule 1) */
+		if (mask & ~(c ? c->pages : 0))
+			kt_queue_range(kt, id, ci, mask & ~(c ? c->pages : 0));
+	}
+	pthread_mutex_unlock(&kt->lock);
 	kt_wait_drained(kt);
 }
 
@@ -419,19 +450,24 @@ unsigned long ktier_shrink(struct group *g, unsigned long nr,
 {
 	struct ktier *kt = cache_of_group(g)->kt;
 	struct kt_lists *l = kt_lists_of(g);
-	unsigned long got = 0;
+	unsigned long got = 0, rotated = 0;
 	struct kt_chunk *c;
 
 	if (!kt || !l)
 		return 0;
 	pthread_mutex_lock(&kt->lock);
-	while (got < nr) {
+	while (got < nr && rotated <= l->nr_inactive) {
 		if (cds_list_empty(&l->inactive) ||
 		    l->nr_inactive < l->nr_active)
 			if (!kt_deactivate_one(l, g) &&
 			    cds_list_empty(&l->inactive))
 				break;
 		c = cds_list_entry(l->inactive.prev, struct kt_chunk, lru);
+		if (c->pending) { /* a fill in flight (rule 1) */
+			cds_list_move(&c->lru, &l->inactive);
+			rotated += pages_in(c->pages);
+			continue;
+		}
 		got += pages_in(c->pages);
 		kt_evict(kt, c);
 	}
@@ -477,38 +513,63 @@ void ktier_forget(struct cache *cache, uint64_t id)
 	pthread_mutex_unlock(&kt->lock);
 }
 
-/* The queue, oldest first, adjacent chunks of one file in one call: the
- * pages it held. */
+/* Ranges to drop, adjacent ones of one file merged into one call. */
+struct kt_run {
+	uint64_t id, from, to; /* bytes; empty when from == to */
+};
+
+static void kt_run_add(struct ktier *kt, struct kt_run *r, uint64_t id,
+		       uint64_t from, uint64_t to)
+{
+	if (r->from != r->to && (r->id != id || r->to != from)) {
+		kt->invalidate(r->id, r->from, r->to - r->from, kt->priv);
+		r->from = r->to;
+	}
+	if (r->from == r->to) {
+		r->id = id;
+		r->from = from;
+	}
+	r->to = to;
+}
+
+/*
+ * The queue, oldest first: exactly the pages each chunk counted, all of
+ * them filled (rule 1: a page with a fill in flight is never in a queued
+ * chunk, so no invalidation waits for a fill).  Returns the pages.
+ */
 static unsigned long kt_invalidate_all(struct ktier *kt,
 				       struct cds_list_head *todo)
 {
 	struct kt_chunk *c, *next;
-	uint64_t id = 0, first = 0, n = 0;
+	struct kt_run run = {0, 0, 0};
 	unsigned long pages = 0;
 
 	cds_list_for_each_entry_safe(c, next, todo, lru) {
-		pages += pages_in(c->pages);
-		if (n && (c->id != id || c->index != first + n)) {
-			kt->invalidate(id, first << CHUNK_SHIFT,
-				       n << CHUNK_SHIFT, kt->priv);
-			n = 0;
+		uint64_t base = c->index << CHUNK_SHIFT;
+		uint32_t m = c->pages;
+
+		pages += pages_in(m);
+		while (m) {
+			unsigned int p0 = (unsigned int)__builtin_ctz(m);
+			unsigned int p1 = p0;
+
+			while (p1 < CHUNK_PAGES && (m >> p1 & 1))
+				p1++;
+			kt_run_add(kt, &run, c->id,
+				   base + ((uint64_t)p0 << ZF_PAGE_SHIFT),
+				   base + ((uint64_t)p1 << ZF_PAGE_SHIFT));
+			m &= p1 < 32 ? ~((1u << p1) - 1) : 0;
 		}
-		if (!n) {
-			id = c->id;
-			first = c->index;
-		}
-		n++;
 		cds_list_del(&c->lru);
 		free(c);
 	}
-	if (n)
-		kt->invalidate(id, first << CHUNK_SHIFT, n << CHUNK_SHIFT,
-			       kt->priv);
+	if (run.from != run.to)
+		kt->invalidate(run.id, run.from, run.to - run.from, kt->priv);
 	return pages;
 }
 
 /* The tier's thread: serves no request, holds no lock while it drops
- * pages (rules 1 and 2). */
+ * pages (rule 2). */
 static void *kt_thread(void *arg)
 {
 	struct ktier *kt = arg;

@@ -387,6 +387,7 @@ int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 		mapping_invalidate(n->file->mapping);
 		zfile_put(n->file);
 		n->file = NULL;
+		atomic_store(&n->file_changed, true);
 	}
 	/* a file that failed to index fails again at once, until it changes */
 	if (!n->file && n->bad_err && backing_lstat(ds, n->path, &st) == 0 &&

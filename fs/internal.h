@@ -141,6 +141,9 @@ struct znode {
 	/* files */
 	pthread_mutex_t lock;
 	struct zfile *file; /* current, indexed at the first getattr or open */
+	/* file was replaced (the backing changed): the kernel's page cache of
+	 * this inode holds the old bytes, dropped at the next open */
+	atomic_bool file_changed;
 	int bad_err;        /* the index failed: this, while unchanged */
 	struct stat bad_st; /* the backing file it failed on */
 	uint64_t size;      /* decoded size, while size_st is the backing */

@@ -405,7 +405,12 @@ static void open_ctl(fuse_req_t req, struct dataset *ds, struct znode *n,
 	fuse_reply_open(req, fi);
 }
 
-/* The open file: f's content [base, base + size) (f NULL: empty). */
+/*
+ * The open file: f's content [base, base + size) (f NULL: empty).  With
+ * cache=kernel the page cache is kept across opens, unless the backing
+ * file changed since it was filled: then the kernel drops it at this open
+ * (no keep_cache), and the kernel tier stops counting it.
+ */
 static void open_data(fuse_req_t req, struct dataset *ds,
 		      struct fuse_file_info *fi, struct znode *n,
 		      struct zfile *f, uint64_t base, uint64_t size)
@@ -425,10 +430,13 @@ static void open_data(fuse_req_t req, struct dataset *ds,
 	file_ra_init(&h->h.ra, ds->opt->ra_kb / 4);
 	handle_track(ds, &h->hdr, H_FILE);
 	fi->fh = (uint64_t)(uintptr_t)h;
-	if (ds->opt->cache == CACHE_ENGINE)
+	if (ds->opt->cache == CACHE_ENGINE) {
 		fi->direct_io = 1;
-	else
+	} else if (n && atomic_exchange(&n->file_changed, false)) {
+		ktier_forget(&ds->cache, n->nodeid);
+	} else {
 		fi->keep_cache = 1;
+	}
 	fuse_reply_open(req, fi);
 }
 
@@ -525,12 +533,13 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 			struct worker *w, fuse_ino_t ino, size_t size,
 			off_t off)
 {
-	ktier_filled(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
+	ktier_fill_begin(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
 	ra_request_init(&w->rq, h->h.file->mapping, NULL, g, w,
 			h->h.base + (uint64_t)off, size, false);
 	w->rq.rq.fill = true;
 	w->rq.rq.tiered = true;
 	cache_read(&w->rq.rq, reply_iov, req);
+	ktier_fill_end(&ds->cache, ino, (uint64_t)off, size);
 }
 
 static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,

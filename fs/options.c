@@ -42,7 +42,7 @@ const struct opt_desc opt_table[] = {
 	{"max_open", OPT_UINT, OFF(max_open), "0",
 	 "backing files kept open at once, least recently used closed first "
 	 "(0: half the open-file limit)", NULL, 0, 1u << 24},
-	{"cache", OPT_ENUM, OFF(cache), "engine",
+	{"cache", OPT_ENUM, OFF(cache), "kernel",
 	 "engine: zfolio's cache is the only cache of file data (direct_io); "
 	 "kernel: the kernel page cache sits in front and serves hits without "
 	 "a round trip, and zfolio counts what it hands over in the budget "

@@ -166,7 +166,7 @@ def test_stat():
     with tmpdir() as d:
         data = text_bytes(6 << 20, 4)
         dst = packed(d, {"f": data})
-        with Mount(dst, d + "/mnt", "budget=16M,ra_kb=512") as m:
+        with Mount(dst, d + "/mnt", "budget=16M,ra_kb=512,cache=engine") as m:
             fd = os.open(d + "/mnt/f", os.O_RDONLY)
             try:
                 mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)

@@ -52,7 +52,9 @@ static void fill(struct cache *c, struct group *g, uint64_t id, uint64_t pos,
 		fk.resident[id][p] = 1;
 	pthread_mutex_unlock(&fk.lock);
 	filling = true;
-	ktier_filled(c, g, id, (uint64_t)FILE_PAGES << ZF_PAGE_SHIFT, pos, len);
+	ktier_fill_begin(c, g, id, (uint64_t)FILE_PAGES << ZF_PAGE_SHIFT, pos,
+			 len);
+	ktier_fill_end(c, id, pos, len);
 	filling = false;
 }
 
@@ -159,6 +161,49 @@ static void test_evict_oldest(void)
 	settle(&c);
 	CHECK(stat_read(g, STAT_KERNEL_FILE) <= 100);
 	CHECK(resident_pages() <= 100);
+	stop(&c);
+	cache_thread_unregister();
+}
+
+/*
+ * A fill in flight (its pages locked in the kernel) is never dropped: the
+ * invalidation would wait for the fill, and if the daemon died meanwhile,
+ * for ever.  What a fill could not be charged for is dropped after it.
+ */
+static void test_in_flight(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+	uint64_t size = (uint64_t)FILE_PAGES << ZF_PAGE_SHIFT;
+
+	cache_thread_register();
+	start(&c, 256); /* 1 MiB */
+	fk.resident[1][0] = 1;
+	ktier_fill_begin(&c, g, 1, size, 0, 128 << 10); /* in flight */
+	for (uint64_t pos = 1 << 20; pos < (8 << 20); pos += 128 << 10)
+		fill(&c, g, 2, pos, 128 << 10);
+	settle(&c);
+	CHECK(fk.resident[1][0]); /* the oldest, but not dropped */
+	CHECK(counter_read(&g->mem) <= 256);
+	ktier_fill_end(&c, 1, 0, 128 << 10);
+	for (uint64_t pos = 8 << 20; pos < (10 << 20); pos += 128 << 10)
+		fill(&c, g, 2, pos, 128 << 10);
+	settle(&c);
+	CHECK(!fk.resident[1][0]); /* done, then evicted */
+	/* a fill bigger than the whole budget: what is not counted is
+	 * dropped once the fill is done, and only then */
+	CHECK_EQ(group_set_max(g, 8), 0);
+	pthread_mutex_lock(&fk.lock);
+	for (unsigned int p = 0; p < 64; p++)
+		fk.resident[3][p] = 1;
+	pthread_mutex_unlock(&fk.lock);
+	ktier_fill_begin(&c, g, 3, size, 0, 256 << 10);
+	settle(&c);
+	CHECK(fk.resident[3][63]);
+	ktier_fill_end(&c, 3, 0, 256 << 10);
+	settle(&c);
+	CHECK(!fk.resident[3][63]);
+	CHECK(stat_read(g, STAT_KERNEL_FILE) <= 8);
 	stop(&c);
 	cache_thread_unregister();
 }
@@ -346,6 +391,7 @@ int main(void)
 {
 	RUN(test_charge_once);
 	RUN(test_evict_oldest);
+	RUN(test_in_flight);
 	RUN(test_refaults);
 	RUN(test_hand_over);
 	RUN(test_storm);
