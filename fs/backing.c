@@ -59,6 +59,17 @@ struct worker *worker_create(int id, bool ring)
 	return w;
 }
 
+void worker_reply_out(void)
+{
+	struct worker *w = current_worker;
+	struct tier_fill *t = w ? &w->fill_due : NULL;
+
+	if (!t || !t->cache)
+		return;
+	ktier_fill_end(t->cache, t->id, t->pos, t->len);
+	t->cache = NULL;
+}
+
 void worker_destroy(struct worker *w)
 {
 	if (!w)

@@ -274,6 +274,13 @@ int furing_ent_next(struct furing_ent *e, int timeout_ms)
 			return -EBUSY; /* one command in flight: cannot be */
 		prep_cmd(e, sqe, FUSE_IO_URING_CMD_COMMIT_AND_FETCH);
 		e->commit_due = false;
+		/* a fill's reply: its end waits until the kernel has it */
+		if (current_worker && current_worker->fill_due.cache &&
+		    (!spin_ns || timeout_ms >= 0)) {
+			while (io_uring_submit(&e->ring) == -EINTR)
+				;
+			worker_reply_out();
+		}
 	}
 	if (spin_ns && timeout_ms < 0 && replied) {
 		/*
@@ -287,6 +294,7 @@ int furing_ent_next(struct furing_ent *e, int timeout_ms)
 
 		if (io_uring_submit(&e->ring) < 0)
 			goto wait;
+		worker_reply_out();
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		for (unsigned int i = 1;; i++) {
 			if (io_uring_peek_cqe(&e->ring, &cqe) == 0 && cqe)
@@ -426,6 +434,7 @@ void furing_ent_free(struct furing_ent *e)
 				;
 		}
 	}
+	worker_reply_out();
 	if (cur_ent == e)
 		cur_ent = NULL;
 	io_uring_queue_exit(&e->ring);

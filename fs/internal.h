@@ -236,16 +236,30 @@ int ring_submit(struct ring *r);
 int ring_reap(struct ring *r);
 int ring_wait(struct ring *r, struct ring_read *rr);
 
+/*
+ * A kernel-tier fill whose reply this worker has made but the kernel may
+ * not have taken yet (over io_uring it goes with the next submission):
+ * its end is told to the tier once it has (worker_reply_out()).
+ */
+struct tier_fill {
+	struct cache *cache; /* NULL: none due */
+	uint64_t id, pos;
+	size_t len;
+};
+
 /* The worker that serves the current request: one per thread. */
 struct worker {
 	int id;
 	ZSTD_DCtx *dctx;
 	struct ring ring; /* backing reads of this worker's windows */
 	struct ra_request rq;
+	struct tier_fill fill_due;
 };
 extern __thread struct worker *current_worker;
 struct worker *worker_create(int id, bool ring);
 void worker_destroy(struct worker *w);
+/* The kernel has this thread's last reply: end its fill, if one is due. */
+void worker_reply_out(void);
 
 /* dataset.c: the backing tree */
 int dataset_open(struct dataset *ds, struct options *opt, char *err,

@@ -297,6 +297,8 @@ static void worker_serve(struct loop_worker *me, struct fuse_buf *buf,
 			continue;
 		if (r == 0)
 			break;
+		if (r > 0)
+			worker_reply_out(); /* a new request: the last reply is out */
 		if (r < 0) {
 			/* over: the kernel ended the connection (unmount) */
 			if (!e)
@@ -306,10 +308,12 @@ static void worker_serve(struct loop_worker *me, struct fuse_buf *buf,
 					progname, me->qid, strerror(-r));
 			break;
 		}
-		if (e)
+		if (e) {
 			furing_ent_process(e);
-		else
+		} else {
 			fuse_session_process_buf(lp->se, buf);
+			worker_reply_out(); /* written: the kernel has it */
+		}
 		/* pointers loaded for this request are dead from here on */
 		cache_quiescent();
 	}

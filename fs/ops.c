@@ -523,10 +523,13 @@ static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
 
 /*
  * cache=kernel: every read is a page-cache fill for the kernel tier, sized
- * by the kernel's own readahead (max_readahead is ra_kb): zfolio reads
- * just what it asks for, with no second readahead on top.  The kernel has
- * put the fill's pages in its page cache before sending the request, so
- * they are charged first: the budget counts fills in flight too.
+ * by the kernel's own readahead (kernel_ra_kb): zfolio reads just what it
+ * asks for, with no second readahead on top.  The kernel has put the
+ * fill's pages in its page cache before sending the request, so they are
+ * charged first: the budget counts fills in flight too.  The fill ends
+ * when the kernel has the reply (worker_reply_out(): after the writev on
+ * /dev/fuse, after the next submission over io_uring), never before: until
+ * then its pages are locked, and must not be dropped (cache/ktier.c).
  */
 static void read_tiered(fuse_req_t req, struct dataset *ds,
 			struct zfile_handle *h, struct group *g,
@@ -538,8 +541,8 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 			h->h.base + (uint64_t)off, size, false);
 	w->rq.rq.fill = true;
 	w->rq.rq.tiered = true;
+	w->fill_due = (struct tier_fill){&ds->cache, ino, (uint64_t)off, size};
 	cache_read(&w->rq.rq, reply_iov, req);
-	ktier_fill_end(&ds->cache, ino, (uint64_t)off, size);
 }
 
 static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
