@@ -142,7 +142,10 @@ def test_parallel():
             f.write(data)
         pack(src, dst)
         for threads, shared in (("2", True), ("8", True), ("0", False)):
-            with Mount(dst, mnt, "budget=64M,ra_kb=4096,decode_threads=" + threads) as m:
+            # zfolio's own windows (cache=engine): the kernel tier's fills
+            # are the kernel's 128 KiB windows, a frame each
+            with Mount(dst, mnt, "budget=64M,ra_kb=4096,cache=engine,decode_threads=" +
+                       threads) as m:
                 with open(mnt + "/seq", "rb") as f:
                     got = b""
                     while True:
