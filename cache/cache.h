@@ -161,10 +161,12 @@ struct mapping {
 /*
  * What the cache keeps per open file: where its last read ended (the
  * kernel's file_ra_state.prev_pos), so that small reads that stay in one
- * folio count as one access.  readahead/'s per-file state embeds it.
+ * folio count as one access, and where the run of reads each starting at
+ * the last one's end began (read-around sizes windows by runs).  readahead/'s per-file state embeds it.
  */
 struct file_read_state {
-	atomic_llong prev_pos; /* byte just past the last read, or -1 */
+	atomic_llong prev_pos;  /* byte just past the last read, or -1 */
+	atomic_llong run_start; /* where the reads that end there began */
 };
 
 #define READ_REQ_MAX_FOLIOS 512

@@ -66,6 +66,7 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 void file_read_state_init(struct file_read_state *file)
 {
 	atomic_init(&file->prev_pos, -1);
+	atomic_init(&file->run_start, 0);
 }
 
 /*
@@ -513,10 +514,17 @@ int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg)
 	err = read_folios(rq, end);
 	if (rq->waited_io && !rq->internal)
 		stat_inc(rq->group, STAT_PGMAJFAULT);
-	if (rq->file)
+	if (rq->file) {
+		if (atomic_load_explicit(&rq->file->prev_pos,
+					 memory_order_relaxed) !=
+		    (long long)rq->pos)
+			atomic_store_explicit(&rq->file->run_start,
+					      (long long)rq->pos,
+					      memory_order_relaxed);
 		atomic_store_explicit(&rq->file->prev_pos,
 				      (long long)(rq->pos + rq->bytes),
 				      memory_order_relaxed);
+	}
 	/*
 	 * After the reply the reader may close the file at once: from here
 	 * on, nothing of the open file may be touched, and the mapping only

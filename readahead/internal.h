@@ -38,8 +38,10 @@ unsigned long get_init_ra_size(unsigned long size, unsigned long max);
 unsigned long get_next_ra_size(unsigned long cur, unsigned long max);
 bool ra_sync_plan(struct file_ra_state *ra, const struct mapping *m,
 		  unsigned long index, unsigned long req, struct ra_plan *p);
+/* own_only: only the state's own marker starts a window */
 bool ra_async_plan(struct file_ra_state *ra, const struct mapping *m,
-		   unsigned long folio, unsigned long req, struct ra_plan *p);
+		   unsigned long folio, unsigned long req, bool own_only,
+		   struct ra_plan *p);
 
 /* window.c: reading a window */
 extern void (*ra_trace_hook)(unsigned long first, unsigned long last,
@@ -64,6 +66,7 @@ struct readaround_state {
 	unsigned int behind_used, behind_unused; /* folios before faults */
 	unsigned long plans;        /* windows planned */
 	unsigned long last_first, last_end; /* the last window's folios */
+	bool last_centred;          /* and it was centred on its fault */
 	unsigned long ceiling;      /* the last window size that shrank */
 };
 int readaround_sync(struct read_req *rq, unsigned long index,
@@ -74,7 +77,7 @@ void readaround_free(struct mapping *m);
 void readaround_set_mode(enum readaround_mode mode);
 void readaround_init_state(struct readaround_state *s, unsigned long min,
 			   unsigned long max);
-void readaround_feedback(struct readaround_state *s, bool used,
+void readaround_feedback(struct readaround_state *s, bool used, bool edge,
 			 bool behind, unsigned long folio_pages);
 bool readaround_streaming(struct readaround_state *s);
 bool readaround_plan(struct readaround_state *s, unsigned long pg,

@@ -196,16 +196,20 @@ static unsigned long next_miss(const struct mapping *m, unsigned long folio,
 
 /* mirrors page_cache_async_ra(): the reader reached a marked folio. */
 bool ra_async_plan(struct file_ra_state *ra, const struct mapping *m,
-		   unsigned long folio, unsigned long req, struct ra_plan *p)
+		   unsigned long folio, unsigned long req, bool own_only,
+		   struct ra_plan *p)
 {
 	unsigned long max = ra_max_pages(ra, req);
-	bool ok = true;
+	bool own, ok = true;
 
 	if (ra->ra_pages == 0)
 		return false;
 	pthread_mutex_lock(&ra->lock);
-	if (ra->size &&
-	    folio_of_page(m, ra->start + ra->size - ra->async_size) == folio) {
+	own = ra->size && folio_of_page(m, ra->start + ra->size -
+						   ra->async_size) == folio;
+	if (!own && own_only) {
+		ok = false;
+	} else if (own) {
 		/* our own marker: the next window follows this one */
 		unsigned long next = get_next_ra_size(ra->size, max);
 

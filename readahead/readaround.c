@@ -10,26 +10,35 @@
  * zfolio sees both ends: what it read around, and what reclaim evicts
  * unread.  So each file keeps a read-around window that starts at one
  * frame and
- *   - doubles (up to ra_pages) once a window's worth of read-around
- *     folios has been used (read before eviction),
- *   - halves (down to one frame) once half a window's worth went unused,
+ *   - grows when readers get to its edge: a fault just past it, or a used
+ *     edge folio of a centred window (a folio used inside the window says
+ *     it was long enough, not that it was short).  It grows by a folio
+ *     while below SMALL folios, so a run of three frames gets a window of
+ *     three, not of four with the last unread; from there it doubles, up
+ *     to ra_pages;
+ *   - shrinks (by a folio below SMALL, else by half, down to one frame)
+ *     once half a window's worth went unused,
  *   - stops after READAROUND_LOTSAMISS unused folios in a row: faults then
  *     read just their folio, with a small probe now and then, until a
  *     read-around folio is used again.
  * Used folios are counted when they are read; unused ones when the next
  * miss finds them still unread (judge_last_window), or else when they are
  * evicted.  Growing back to a size that was just shrunk needs GROW_BACK
- * windows' worth used, so a reader whose runs fit between two sizes does
- * not swing between them.
+ * edges, so a reader whose runs fit between two sizes does not swing
+ * between them.  A fault just past a window that is no stream reads just
+ * its folio (and grows the window): a whole window there would read mostly
+ * past the run's end.
  *
  * The window is centred on the fault, as the kernel's is, until what was
  * read around *behind* faults has mostly gone unused (BEHIND_MIN folios
  * judged, fewer than 1 in 5 used): readers that run forward from random
- * points then get windows that start at the fault, with a centred one
- * every PROBE_EVERY windows to see whether that still holds.  From four
- * frames up the window carries the kernel's marker a quarter from its
- * end, so faults that walk forward start asynchronous windows that ramp
- * up as read()'s do.  A fault just past the last window is a stream, and
+ * points then get windows that start at the fault's folio, with a
+ * centred one every PROBE_EVERY windows to see whether that still holds.
+ * From four frames up the window carries the kernel's marker a quarter
+ * from its end, so faults that walk forward start asynchronous windows
+ * that ramp up as read()'s do; a fault on a marker the file's state does
+ * not expect (an old window's) starts nothing while the file's faults
+ * come in short runs (ra_async in window.c).  A fault just past the last window is a stream, and
  * gets the on-demand algorithm, once the window has grown that far, or at
  * the STREAM_AFTER-th such fault in a row (windows that cannot grow:
  * ra_kb of one frame).
@@ -54,6 +63,10 @@ static enum readaround_mode mode = READAROUND_ADAPTIVE;
 /* faults in a row just past the window that make a stream: fewer start
  * streams sooner, and mistake bursts that cross a frame for streams */
 #define STREAM_AFTER 3
+/* below this many folios a window grows and shrinks by one folio, above
+ * it doubles and halves: short runs of faults (a few frames) get windows
+ * their length, not the power of two above it, read mostly past their end */
+#define SMALL 8
 /* windows' worth used to grow back to a size that was shrunk: damps
  * swinging between two sizes, at the cost of slower regrowth */
 #define GROW_BACK 4
@@ -75,14 +88,20 @@ void readaround_init_state(struct readaround_state *s, unsigned long min,
 	s->behind_used = s->behind_unused = 0;
 	s->plans = 0;
 	s->last_first = s->last_end = 0;
+	s->last_centred = false;
 	s->ceiling = 0;
 }
 
-/* One read-around folio's fate: used before eviction, or not. */
-void readaround_feedback(struct readaround_state *s, bool used,
+/*
+ * One read-around folio's fate: used before eviction, or not.  edge: the
+ * reader got to the window's edge (its edge folio was used, or a fault
+ * came just past it), so a longer window would have been used too; a
+ * folio used inside the window says only that the window was not too long.
+ */
+void readaround_feedback(struct readaround_state *s, bool used, bool edge,
 			 bool behind, unsigned long folio_pages)
 {
-	unsigned long need;
+	unsigned int need;
 
 	pthread_mutex_lock(&s->lock);
 	if (behind) {
@@ -99,12 +118,13 @@ void readaround_feedback(struct readaround_state *s, bool used,
 	if (used) {
 		s->unused_streak = 0;
 		/* back to a size that wasted: on GROW_BACK times the evidence */
-		need = s->ceiling && s->window * 2 >= s->ceiling
-			       ? GROW_BACK * s->window
-			       : s->window;
-		if (++s->used * folio_pages >= need) {
-			s->window = s->window * 2 < s->max ? s->window * 2
-							   : s->max;
+		need = s->ceiling && s->window + s->min >= s->ceiling ? GROW_BACK
+								      : 1;
+		if (edge && ++s->used >= need) {
+			s->window = s->window < SMALL * s->min
+					    ? s->window + s->min
+				    : s->window * 2 < s->max ? s->window * 2
+							     : s->max;
 			s->used = s->unused = 0;
 			s->ceiling = 0;
 		}
@@ -113,8 +133,11 @@ void readaround_feedback(struct readaround_state *s, bool used,
 			s->unused_streak++;
 		if (++s->unused * folio_pages * 2 >= s->window) {
 			s->ceiling = s->window;
-			s->window = s->window / 2 > s->min ? s->window / 2
-							   : s->min;
+			s->window = s->window <= SMALL * s->min
+					    ? s->window - s->min
+				    : s->window / 2;
+			if (s->window < s->min)
+				s->window = s->min;
 			s->used = s->unused = 0;
 		}
 	}
@@ -157,8 +180,10 @@ bool readaround_plan(struct readaround_state *s, unsigned long pg,
 	centred = ++s->plans % PROBE_EVERY == 0 ||
 		 s->behind_used + s->behind_unused < BEHIND_MIN ||
 		 s->behind_used * 4 >= s->behind_unused;
+	s->last_centred = centred;
 	pthread_mutex_unlock(&s->lock);
-	p->start = !centred ? pg : pg > size / 2 ? pg - size / 2 : 0;
+	/* from the fault on: from the start of its folio, whole folios */
+	p->start = !centred ? pg - pg % s->min : pg > size / 2 ? pg - size / 2 : 0;
 	p->size = size;
 	if (p->start + p->size < pg + req)
 		p->size = pg + req - p->start;
@@ -214,7 +239,7 @@ static void judge_last_window(struct readaround_state *s, struct mapping *m)
 		fl = atomic_fetch_or_explicit(&f->flags, 1u << FOLIO_JUDGED,
 					      memory_order_acq_rel);
 		if ((fl & unread) && !(fl & seen))
-			readaround_feedback(s, false,
+			readaround_feedback(s, false, false,
 					    fl & (1u << FOLIO_BEHIND),
 					    f->nr_pages);
 	}
@@ -242,15 +267,50 @@ static unsigned int walked_off_window(struct file_ra_state *ra,
  * ra_kb of one frame): cold bursts that merely cross a frame or two keep
  * reading around.
  */
-static bool fault_is_stream(struct file_ra_state *ra,
-			    struct readaround_state *s, unsigned long pg)
+static bool fault_is_stream(unsigned int walkoffs, struct readaround_state *s)
 {
-	unsigned int walkoffs = ra ? walked_off_window(ra, pg) : 0;
-
 	if (!walkoffs)
 		return false;
 	return mode == READAROUND_FIXED ||
 	       (s && (walkoffs >= STREAM_AFTER || readaround_streaming(s)));
+}
+
+/*
+ * Pages of the run of reads that page pg continues (each read starting
+ * where the last ended, by this open file), 0 if it starts none.
+ */
+static unsigned long run_before(const struct file_ra_state *ra,
+				unsigned long pg)
+{
+	long long prev, start;
+
+	if (!ra)
+		return 0;
+	prev = atomic_load_explicit(&ra->pos.prev_pos, memory_order_relaxed);
+	start = atomic_load_explicit(&ra->pos.run_start, memory_order_relaxed);
+	if (prev <= 0 || page_of((uint64_t)prev) != pg || start >= prev)
+		return 0;
+	return pg - page_of((uint64_t)start);
+}
+
+/*
+ * A window for a miss run pages into a forward run: the window is the
+ * length the file's runs get, counted from this run's first folio, so what
+ * the run has read already is not read again past its end (a run's third
+ * frame, missed after two hits, would read two frames past it).
+ */
+static void readaround_trim(const struct readaround_state *s,
+			    unsigned long pg, unsigned long req,
+			    unsigned long run, struct ra_plan *p)
+{
+	unsigned long first = pg - pg % s->min, r0 = pg - run;
+	unsigned long end = r0 - r0 % s->min + p->size; /* as planned */
+
+	p->start = first;
+	p->size = end > first + s->min ? end - first : s->min;
+	if (p->start + p->size < pg + req)
+		p->size = pg + req - p->start;
+	p->async_size = p->size >= 4 * s->min ? p->size / 4 : 0;
 }
 
 /* The window around page pg for a request of req pages, by the mode. */
@@ -260,6 +320,7 @@ static struct ra_plan readaround_window(struct read_req *rq,
 					unsigned long ra_pages)
 {
 	struct ra_plan p = {pg, req, 0};
+	unsigned long run;
 
 	if (!ra_pages || mode == READAROUND_OFF)
 		return p;
@@ -270,6 +331,8 @@ static struct ra_plan readaround_window(struct read_req *rq,
 	} else if (!s || !readaround_plan(s, pg, req, &p)) {
 		stat_inc(rq->group, STAT_READAROUND_STOPPED);
 		p = (struct ra_plan){pg, req, 0};
+	} else if ((run = run_before(ra_req(rq)->ra, pg))) {
+		readaround_trim(s, pg, req, run, &p);
 	}
 	return p;
 }
@@ -312,6 +375,7 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 	unsigned long req, pg = ra_request_pages(rq, index, &req);
 	unsigned long ra_pages = r->ra ? r->ra->ra_pages : RA_DEFAULT_PAGES;
 	struct readaround_state *s = NULL;
+	unsigned int walkoffs;
 	struct ra_plan p;
 	int err;
 
@@ -319,9 +383,22 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 		s = state_of(m, index, ra_pages);
 	if (s)
 		judge_last_window(s, m);
-	if (fault_is_stream(r->ra, s, pg))
+	walkoffs = r->ra ? walked_off_window(r->ra, pg) : 0;
+	if (fault_is_stream(walkoffs, s))
 		return ra_sync_read(rq, index, last);
-	p = readaround_window(rq, s, pg, req, ra_pages);
+	/*
+	 * Just past a window that is no stream (yet): the run went on a
+	 * little beyond it.  A whole new window here would read mostly past
+	 * the run's end (a 3-frame run in 2-frame windows wasted half of what
+	 * was read around), so read just the fault's folio.
+	 */
+	if (walkoffs && s) {
+		/* it would have been used: a longer window next time */
+		readaround_feedback(s, true, true, false,
+				    mapping_folio_pages(m, index));
+		p = (struct ra_plan){pg, req, 0};
+	} else
+		p = readaround_window(rq, s, pg, req, ra_pages);
 	readaround_record(rq, s, &p,
 			  mapping_index(m, (uint64_t)p.start << ZF_PAGE_SHIFT),
 			  mapping_index(m, ((uint64_t)(p.start + p.size)
@@ -332,7 +409,22 @@ int readaround_sync(struct read_req *rq, unsigned long index,
 	return err;
 }
 
-/* A speculative folio read: if it was read around, the window grows. */
+/*
+ * Folio i is an edge of the last window, and that window was centred (one
+ * that starts at the fault learns of runs past it by the next fault).
+ */
+static bool readaround_edge(struct readaround_state *s, unsigned long i)
+{
+	bool yes;
+
+	pthread_mutex_lock(&s->lock);
+	yes = s->last_centred && s->last_end &&
+	      (i == s->last_first || i + 1 == s->last_end);
+	pthread_mutex_unlock(&s->lock);
+	return yes;
+}
+
+/* A speculative folio read: if read around at an edge, the window grows. */
 void readaround_used(struct folio *f)
 {
 	struct readaround_state *s;
@@ -342,8 +434,8 @@ void readaround_used(struct folio *f)
 	stat_mod(f->group, STAT_READAROUND_USED, f->nr_pages);
 	s = atomic_load(&f->mapping->ra_private);
 	if (s)
-		readaround_feedback(s, true, folio_test(f, FOLIO_BEHIND),
-				    f->nr_pages);
+		readaround_feedback(s, true, readaround_edge(s, f->index),
+				    folio_test(f, FOLIO_BEHIND), f->nr_pages);
 }
 
 /* A speculative folio evicted unread: if read around, and not judged. */
@@ -353,8 +445,8 @@ void readaround_unused(struct folio *f)
 
 	if (s && folio_test(f, FOLIO_READAROUND) &&
 	    !folio_test(f, FOLIO_JUDGED))
-		readaround_feedback(s, false, folio_test(f, FOLIO_BEHIND),
-				    f->nr_pages);
+		readaround_feedback(s, false, false,
+				    folio_test(f, FOLIO_BEHIND), f->nr_pages);
 }
 
 void readaround_free(struct mapping *m)

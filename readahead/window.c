@@ -423,6 +423,7 @@ static void ra_async(struct read_req *rq, struct folio *f, unsigned long last)
 {
 	const struct mapping *m = rq->mapping;
 	struct file_ra_state *ra = ra_req(rq)->ra;
+	struct readaround_state *s;
 	unsigned long req, first;
 	struct ra_plan p;
 
@@ -433,7 +434,15 @@ static void ra_async(struct read_req *rq, struct folio *f, unsigned long last)
 							 : m->size);
 	first = page_of(mapping_folio_pos(m, f->index));
 	req = req > first ? req - first : 1;
-	if (!ra_async_plan(ra, m, f->index, req, &p))
+	/*
+	 * A fault on a marker the state does not expect, in a file whose
+	 * faults come in short runs, is a cold burst crossing what an old
+	 * window left behind: a stream's ramp from there reads far past the
+	 * burst, so only read-around (at the next miss) decides.
+	 */
+	s = rq->fault ? atomic_load(&m->ra_private) : NULL;
+	if (!ra_async_plan(ra, m, f->index, req, s && !readaround_streaming(s),
+			   &p))
 		return;
 	first = mapping_index(m, (uint64_t)p.start << ZF_PAGE_SHIFT);
 	if (first <= last) /* the request itself reaches into the window */
