@@ -100,6 +100,9 @@ void cache_destroy(struct cache *c)
 	budget_destroy(&c->budget);
 }
 
+#define BITS_PER_WORD (8 * sizeof(unsigned long))
+#define BIT_OF(i) (1ul << ((i) % BITS_PER_WORD))
+
 struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
 			       void *host, uint64_t size,
 			       unsigned long nr_folios, uint32_t folio_size,
@@ -110,7 +113,11 @@ struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
 	if (!m)
 		return NULL;
 	m->slots = calloc(nr_folios ? nr_folios : 1, sizeof(*m->slots));
-	if (!m->slots) {
+	m->in_kernel = calloc(nr_folios / BITS_PER_WORD + 1,
+			      sizeof(*m->in_kernel));
+	if (!m->slots || !m->in_kernel) {
+		free(m->slots);
+		free(m->in_kernel);
 		free(m);
 		return NULL;
 	}
@@ -169,6 +176,7 @@ void mapping_put(struct mapping *m)
 	if (m->ops && m->ops->release)
 		m->ops->release(m);
 	free(m->slots);
+	free(m->in_kernel);
 	free(m);
 }
 
@@ -229,4 +237,47 @@ bool mapping_cached(const struct mapping *m, unsigned long index)
 {
 	return index < m->nr_folios &&
 	       atomic_load_explicit(&m->slots[index], memory_order_acquire);
+}
+
+
+bool mapping_in_kernel(const struct mapping *m, unsigned long index)
+{
+	return index < m->nr_folios &&
+	       (atomic_load_explicit(&m->in_kernel[index / BITS_PER_WORD],
+				     memory_order_relaxed) &
+		BIT_OF(index));
+}
+
+/* A fill took bytes [from, to) of folio f to the kernel's page cache. */
+void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
+		       uint64_t to)
+{
+	unsigned long i = f->index;
+	unsigned int p0 = (unsigned int)(from >> ZF_PAGE_SHIFT);
+	unsigned int p1 = (unsigned int)pages_of_bytes(to);
+
+	/* the kernel asks again: it no longer holds all of the folio */
+	if (mapping_in_kernel(m, i))
+		atomic_fetch_and_explicit(&m->in_kernel[i / BITS_PER_WORD],
+					  ~BIT_OF(i), memory_order_relaxed);
+	if (f->nr_pages > 64 || p1 <= p0)
+		return;
+	atomic_fetch_or_explicit(&f->filled,
+				 (p1 - p0 == 64 ? ~0ull
+						: ((1ull << (p1 - p0)) - 1))
+					 << p0,
+				 memory_order_relaxed);
+}
+
+/* Folio f is being evicted: all of it in the kernel's page cache? */
+void mapping_note_evicted(struct folio *f)
+{
+	unsigned long long all = f->nr_pages == 64 ? ~0ull
+						   : (1ull << f->nr_pages) - 1;
+
+	if (f->nr_pages <= 64 &&
+	    atomic_load_explicit(&f->filled, memory_order_relaxed) == all)
+		atomic_fetch_or_explicit(
+			&f->mapping->in_kernel[f->index / BITS_PER_WORD],
+			BIT_OF(f->index), memory_order_relaxed);
 }

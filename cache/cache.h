@@ -65,6 +65,9 @@ struct folio {
 	struct mapping *mapping;
 	struct group *group;
 	struct cds_list_head lru; /* under the group's LRU lock */
+	/* pages engine-mode fills handed to the kernel's page cache, a bit
+	 * each (folios of up to 64 pages; larger ones are not tracked) */
+	atomic_ullong filled;
 	union {
 		struct folio *evict_next; /* on a reclaim pass's free list */
 		struct rcu_head rcu;      /* freed after a grace period */
@@ -156,13 +159,17 @@ struct mapping {
 	atomic_long nr_cached;   /* folios in slots */
 	atomic_int refcount;
 	void *_Atomic ra_private; /* readahead/'s per-file state, or NULL */
+	/* a bit per folio: evicted after fills had handed all its pages to
+	 * the kernel's page cache, and no fill of it came since */
+	atomic_ulong *in_kernel;
 };
 
 /*
  * What the cache keeps per open file: where its last read ended (the
  * kernel's file_ra_state.prev_pos), so that small reads that stay in one
  * folio count as one access, and where the run of reads each starting at
- * the last one's end began (read-around sizes windows by runs).  readahead/'s per-file state embeds it.
+ * the last one's end began (read-around sizes windows by runs).
+ * readahead/'s per-file state embeds it.
  */
 struct file_read_state {
 	atomic_llong prev_pos;  /* byte just past the last read, or -1 */
@@ -307,6 +314,16 @@ uint64_t mapping_folio_pos(const struct mapping *m, unsigned long index);
 uint32_t mapping_folio_len(const struct mapping *m, unsigned long index);
 unsigned int mapping_folio_pages(const struct mapping *m, unsigned long i);
 bool mapping_cached(const struct mapping *m, unsigned long index);
+/*
+ * Folio index of m is most likely in the kernel's page cache (engine mode,
+ * mmap): every page of it went there by fills before zfolio evicted it,
+ * and no fill of it came since (one would say the kernel dropped a page).
+ * Read-around passes over such folios: a fault would not reach them.
+ */
+bool mapping_in_kernel(const struct mapping *m, unsigned long index);
+void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
+		       uint64_t to);
+void mapping_note_evicted(struct folio *f);
 
 /* folio.c: what a window does with the folios it brings in */
 struct folio *folio_alloc(struct mapping *m, unsigned long index);

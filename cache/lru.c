@@ -255,6 +255,7 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 		}
 		rotated = 0;
 		note_unused(g, f);
+		mapping_note_evicted(f);
 		lru_unlink_locked(f);
 		f->evict_next = freed;
 		freed = f;

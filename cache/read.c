@@ -457,6 +457,8 @@ static int read_add_folio(struct read_req *rq, unsigned long i,
 		read_hand_over(rq, f);
 	else if (got == GOT_PINNED)
 		read_mark_accessed(rq, f, i == first);
+	if (got != GOT_PART && rq->fill && !rq->tiered)
+		mapping_note_fill(rq->mapping, f, from, to);
 	rq->iov[rq->niov].iov_base = (char *)f->data + (got == GOT_PART ? 0
 								      : from);
 	rq->iov[rq->niov].iov_len = to - from;

@@ -165,7 +165,8 @@ static int window_add(struct ra_request *r, struct ra_pending *p,
 	struct folio *f;
 	int err;
 
-	if (mapping_cached(m, i))
+	if (mapping_cached(m, i) ||
+	    (r->readaround && !in_demand(p, i) && mapping_in_kernel(m, i)))
 		return 0;
 	f = folio_alloc(m, i);
 	if (!f)

@@ -150,6 +150,7 @@ static inline int read_req_at(struct mapping *m, struct file_ra_state *ra,
 	if (!rq)
 		rq = malloc(sizeof(*rq));
 	ra_request_init(rq, m, ra, g, NULL, pos, len, fault);
+	rq->rq.fill = fault; /* a fault is a page-cache fill, as in fs/ops.c */
 	cache_read(&rq->rq, sink_reply, s);
 	cache_quiescent();
 	return s->err;

@@ -463,6 +463,39 @@ static void test_readaround_cold_unused(void)
 	env_close(&e);
 }
 
+/*
+ * Engine mode, mmap: a folio whose every page fills took to the kernel's
+ * page cache, then evicted, is left by read-around (no fault would reach
+ * it) until a fill of it says the kernel dropped a page of it.
+ */
+static void test_readaround_skips_kernel(void)
+{
+	struct env e;
+
+	env_open(&e, 1024, 64, 1 << 20, RA_RECLAIM_BATCH);
+	readaround_set_mode(READAROUND_FIXED);
+	fault_burst(&e, 20 * FOLIO, 2 * FOLIO / 4096); /* all of 20 and 21 */
+	fault_burst(&e, 23 * FOLIO, 1);                /* a page of 23 */
+	CHECK(mapping_cached(e.m, 22));
+	CHECK(!mapping_in_kernel(e.m, 20));
+	CHECK_EQ(reclaim_proactive(&e.c.budget.root, 64 * 32), -EAGAIN);
+	CHECK(!mapping_cached(e.m, 20) && !mapping_cached(e.m, 22));
+	CHECK(mapping_in_kernel(e.m, 20) && mapping_in_kernel(e.m, 21));
+	CHECK(!mapping_in_kernel(e.m, 22) && !mapping_in_kernel(e.m, 23));
+	/* a fault at 30: its window, 14..45, reads all but 20 and 21 */
+	file_ra_destroy(&e.ra);
+	file_ra_init(&e.ra, 1024);
+	fault_burst(&e, 30 * FOLIO, 1);
+	CHECK(mapping_cached(e.m, 19) && mapping_cached(e.m, 22));
+	CHECK(!mapping_cached(e.m, 20) && !mapping_cached(e.m, 21));
+	/* a fill of 21: the kernel lost a page of it, and asks */
+	fault_burst(&e, 21 * FOLIO + 4096, 1);
+	CHECK(!mapping_in_kernel(e.m, 21) && mapping_in_kernel(e.m, 20));
+	CHECK(mapping_cached(e.m, 21));
+	readaround_set_mode(READAROUND_ADAPTIVE);
+	env_close(&e);
+}
+
 /* Read-around behind faults that goes unused moves windows to the fault. */
 static void test_readaround_forward(void)
 {
@@ -513,6 +546,7 @@ int main(void)
 	RUN(test_readaround_forward);
 	RUN(test_readaround_judged);
 	RUN(test_readaround_cold_unused);
+	RUN(test_readaround_skips_kernel);
 	cache_thread_unregister();
 	read_at_done();
 	return check_done();
