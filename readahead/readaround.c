@@ -182,8 +182,7 @@ bool readaround_plan(struct readaround_state *s, unsigned long pg,
 		 s->behind_used * 4 >= s->behind_unused;
 	s->last_centred = centred;
 	pthread_mutex_unlock(&s->lock);
-	/* from the fault on: from the start of its folio, whole folios */
-	p->start = !centred ? pg - pg % s->min : pg > size / 2 ? pg - size / 2 : 0;
+	p->start = !centred ? pg : pg > size / 2 ? pg - size / 2 : 0;
 	p->size = size;
 	if (p->start + p->size < pg + req)
 		p->size = pg + req - p->start;
@@ -303,13 +302,10 @@ static void readaround_trim(const struct readaround_state *s,
 			    unsigned long pg, unsigned long req,
 			    unsigned long run, struct ra_plan *p)
 {
-	unsigned long first = pg - pg % s->min, r0 = pg - run;
-	unsigned long end = r0 - r0 % s->min + p->size; /* as planned */
+	unsigned long end = pg - run + p->size; /* as planned, from the run */
 
-	p->start = first;
-	p->size = end > first + s->min ? end - first : s->min;
-	if (p->start + p->size < pg + req)
-		p->size = pg + req - p->start;
+	p->start = pg;
+	p->size = end > pg + req ? end - pg : req;
 	p->async_size = p->size >= 4 * s->min ? p->size / 4 : 0;
 }
 
