@@ -13,9 +13,9 @@
  *   - grows when readers get to its edge: a fault just past it, or a used
  *     edge folio of a centred window (a folio used inside the window says
  *     it was long enough, not that it was short).  It grows by a folio
- *     while below SMALL folios, so a run of three frames gets a window of
- *     three, not of four with the last unread; from there it doubles, up
- *     to ra_pages;
+ *     while below SMALL folios, so runs of 64 pages get windows of 64
+ *     pages, not of 128 with the last half unread; from there it doubles,
+ *     up to ra_pages;
  *   - shrinks (by a folio below SMALL, else by half, down to one frame)
  *     once half a window's worth went unused,
  *   - stops after READAROUND_LOTSAMISS unused folios in a row: faults then
@@ -32,16 +32,22 @@
  * The window is centred on the fault, as the kernel's is, until what was
  * read around *behind* faults has mostly gone unused (BEHIND_MIN folios
  * judged, fewer than 1 in 5 used): readers that run forward from random
- * points then get windows that start at the fault's folio, with a
- * centred one every PROBE_EVERY windows to see whether that still holds.
+ * points then get windows that start at the fault, with a centred one
+ * every PROBE_EVERY windows to see whether that still holds.  A miss in
+ * the middle of a run of reads (the ones before it were hits) counts its
+ * window from the run's first page: what the run read already is not
+ * read again past its end.  Folios that fills took wholly to the kernel's
+ * page cache before they were evicted are left out (mapping_in_kernel):
+ * faults do not reach what the kernel holds.
+ *
  * From four frames up the window carries the kernel's marker a quarter
  * from its end, so faults that walk forward start asynchronous windows
  * that ramp up as read()'s do; a fault on a marker the file's state does
  * not expect (an old window's) starts nothing while the file's faults
- * come in short runs (ra_async in window.c).  A fault just past the last window is a stream, and
- * gets the on-demand algorithm, once the window has grown that far, or at
- * the STREAM_AFTER-th such fault in a row (windows that cannot grow:
- * ra_kb of one frame).
+ * come in short runs (ra_async in window.c).  A fault just past the last
+ * window is a stream, and gets the on-demand algorithm, once the window
+ * has grown that far, or at the STREAM_AFTER-th such fault in a row
+ * (windows that cannot grow: ra_kb of one frame).
  *
  * The state is per file (per mapping), not per open file: a page mapped by
  * many processes is one page, used or not.
