@@ -34,13 +34,13 @@ void lru_activate(struct folio *f);
 unsigned long lru_shrink(struct group *g, unsigned long nr,
 			 unsigned long *scanned, void *priv);
 bool lru_remove(struct folio *f);
+unsigned long lru_pages(struct group *g);
 
 /* ktier.c: the kernel tier's share of reclaim */
 int ktier_group_init(struct group *g);
 void ktier_group_fini(struct group *g);
 unsigned long ktier_shrink(struct group *g, unsigned long nr,
 			   unsigned long *scanned);
-unsigned long lru_pages(struct group *g);
 
 /* rcu.c: what waits for a grace period */
 void cache_thread_state(enum thread_state st, void *priv);

@@ -340,14 +340,8 @@ static enum kt_step kt_fill_chunk(struct ktier *kt, struct group *g,
 /* Give what reclaim queued up to KT_WAIT_US to leave the page cache. */
 static void kt_wait_drained(struct ktier *kt)
 {
-	struct timespec until;
+	struct timespec until = deadline_after_us(CLOCK_MONOTONIC, KT_WAIT_US);
 
-	clock_gettime(CLOCK_MONOTONIC, &until);
-	until.tv_nsec += KT_WAIT_US * 1000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
 	pthread_mutex_lock(&kt->lock);
 	while (kt->queued && !kt->stop &&
 	       pthread_cond_timedwait(&kt->drained, &kt->lock, &until) == 0)

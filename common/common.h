@@ -5,6 +5,7 @@
  * includes nothing of theirs.
  *
  *  - sizes as users write them ("64M", "1.5G", "max");
+ *  - deadlines for timed waits;
  *  - bounded text building, and JSON strings and values on top of it;
  *  - the vocabulary of the control directory: the statistics, declared once
  *    in ZF_STAT_LIST, from which accounting/ builds its counters, memory.stat
@@ -16,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #define ZF_PAGE_SHIFT 12
 #define ZF_PAGE_SIZE (1UL << ZF_PAGE_SHIFT)
@@ -23,6 +25,21 @@
 static inline unsigned long pages_of_bytes(uint64_t bytes)
 {
 	return (unsigned long)((bytes + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT);
+}
+
+/* The time us microseconds from now on clock clk, for a timed wait. */
+static inline struct timespec deadline_after_us(clockid_t clk, long us)
+{
+	struct timespec t;
+
+	clock_gettime(clk, &t);
+	t.tv_sec += us / 1000000;
+	t.tv_nsec += us % 1000000 * 1000L;
+	if (t.tv_nsec >= 1000000000L) {
+		t.tv_sec++;
+		t.tv_nsec -= 1000000000L;
+	}
+	return t;
 }
 
 /* size.c: "123", "64K", "1.5G", "2MiB", "max" (if allow_max: UINT64_MAX).

@@ -425,15 +425,8 @@ void zlog_file(const char *what, const char *fmt, ...)
 /* Wait up to ms for s: 0, or -ETIMEDOUT, -EINTR. */
 static inline int sem_wait_ms(sem_t *s, long ms)
 {
-	struct timespec until;
+	struct timespec until = deadline_after_us(CLOCK_REALTIME, ms * 1000);
 
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += ms / 1000;
-	until.tv_nsec += ms % 1000 * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
 	return sem_timedwait(s, &until) ? -errno : 0;
 }
 

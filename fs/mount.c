@@ -297,8 +297,11 @@ static void worker_serve(struct loop_worker *me, struct fuse_buf *buf,
 			continue;
 		if (r == 0)
 			break;
-		if (r > 0)
-			worker_reply_out(); /* a new request: the last reply is out */
+		/* over io_uring a new request means the last commit went in
+		 * (when its own submit could not say so); /dev/fuse ends fills
+		 * after the writev, below */
+		if (r > 0 && e)
+			worker_reply_out();
 		if (r < 0) {
 			/* over: the kernel ended the connection (unmount) */
 			if (!e)
