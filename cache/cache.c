@@ -239,7 +239,6 @@ bool mapping_cached(const struct mapping *m, unsigned long index)
 	       atomic_load_explicit(&m->slots[index], memory_order_acquire);
 }
 
-
 bool mapping_in_kernel(const struct mapping *m, unsigned long index)
 {
 	return index < m->nr_folios &&
@@ -272,11 +271,12 @@ void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
 /* Folio f is being evicted: all of it in the kernel's page cache? */
 void mapping_note_evicted(struct folio *f)
 {
-	unsigned long long all = f->nr_pages == 64 ? ~0ull
-						   : (1ull << f->nr_pages) - 1;
+	unsigned long long all;
 
-	if (f->nr_pages <= 64 &&
-	    atomic_load_explicit(&f->filled, memory_order_relaxed) == all)
+	if (f->nr_pages > 64)
+		return; /* not tracked */
+	all = f->nr_pages == 64 ? ~0ull : (1ull << f->nr_pages) - 1;
+	if (atomic_load_explicit(&f->filled, memory_order_relaxed) == all)
 		atomic_fetch_or_explicit(
 			&f->mapping->in_kernel[f->index / BITS_PER_WORD],
 			BIT_OF(f->index), memory_order_relaxed);
