@@ -300,7 +300,7 @@ static unsigned long run_before(const struct file_ra_state *ra,
 
 /*
  * A window for a miss run pages into a forward run: the window is the
- * length the file's runs get, counted from this run's first folio, so what
+ * length the file's runs get, counted from this run's first page, so what
  * the run has read already is not read again past its end (a run's third
  * frame, missed after two hits, would read two frames past it).
  */
