@@ -184,6 +184,7 @@ void mapping_put(struct mapping *m)
 void mapping_invalidate(struct mapping *m)
 {
 	mapping_drop_folios(m, false);
+	mapping_forget_kernel(m);
 }
 
 unsigned long mapping_index(const struct mapping *m, uint64_t pos)
@@ -259,13 +260,23 @@ void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
 	if (mapping_in_kernel(m, i))
 		atomic_fetch_and_explicit(&m->in_kernel[i / BITS_PER_WORD],
 					  ~BIT_OF(i), memory_order_relaxed);
-	if (f->nr_pages > 64 || p1 <= p0)
+	/* by len: a bounce copy has no nr_pages */
+	if (pages_of_bytes(f->len) > 64 || p1 <= p0)
 		return;
 	atomic_fetch_or_explicit(&f->filled,
 				 (p1 - p0 == 64 ? ~0ull
 						: ((1ull << (p1 - p0)) - 1))
 					 << p0,
 				 memory_order_relaxed);
+}
+
+/* The kernel dropped m's pages (an open without keep_cache, the backing
+ * changed): it holds none of them now. */
+void mapping_forget_kernel(struct mapping *m)
+{
+	for (unsigned long w = 0; w <= m->nr_folios / BITS_PER_WORD; w++)
+		atomic_store_explicit(&m->in_kernel[w], 0,
+				      memory_order_relaxed);
 }
 
 /* Folio f is being evicted: all of it in the kernel's page cache? */

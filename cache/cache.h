@@ -324,6 +324,7 @@ bool mapping_in_kernel(const struct mapping *m, unsigned long index);
 void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
 		       uint64_t to);
 void mapping_note_evicted(struct folio *f);
+void mapping_forget_kernel(struct mapping *m);
 
 /* folio.c: what a window does with the folios it brings in */
 struct folio *folio_alloc(struct mapping *m, unsigned long index);

@@ -432,6 +432,9 @@ static void open_data(fuse_req_t req, struct dataset *ds,
 	fi->fh = (uint64_t)(uintptr_t)h;
 	if (ds->opt->cache == CACHE_ENGINE) {
 		fi->direct_io = 1;
+		/* no keep_cache: the kernel drops the file's pages now */
+		if (f)
+			mapping_forget_kernel(f->mapping);
 	} else if (n && atomic_exchange(&n->file_changed, false)) {
 		ktier_forget(&ds->cache, n->nodeid);
 	} else {

@@ -107,6 +107,7 @@ void readaround_init_state(struct readaround_state *s, unsigned long min,
 void readaround_feedback(struct readaround_state *s, bool used, bool edge,
 			 bool behind, unsigned long folio_pages)
 {
+	unsigned long next;
 	unsigned int need;
 
 	pthread_mutex_lock(&s->lock);
@@ -124,13 +125,12 @@ void readaround_feedback(struct readaround_state *s, bool used, bool edge,
 	if (used) {
 		s->unused_streak = 0;
 		/* back to a size that wasted: on GROW_BACK times the evidence */
-		need = s->ceiling && s->window + s->min >= s->ceiling ? GROW_BACK
-								      : 1;
+		next = s->window < SMALL * s->min ? s->window + s->min
+		       : s->window * 2 < s->max   ? s->window * 2
+						  : s->max;
+		need = s->ceiling && next >= s->ceiling ? GROW_BACK : 1;
 		if (edge && ++s->used >= need) {
-			s->window = s->window < SMALL * s->min
-					    ? s->window + s->min
-				    : s->window * 2 < s->max ? s->window * 2
-							     : s->max;
+			s->window = next;
 			s->used = s->unused = 0;
 			s->ceiling = 0;
 		}
@@ -335,6 +335,10 @@ static struct ra_plan readaround_window(struct read_req *rq,
 		p = (struct ra_plan){pg, req, 0};
 	} else if ((run = run_before(ra_req(rq)->ra, pg))) {
 		readaround_trim(s, pg, req, run, &p);
+		/* it starts at the fault now: the next fault tells its edge */
+		pthread_mutex_lock(&s->lock);
+		s->last_centred = false;
+		pthread_mutex_unlock(&s->lock);
 	}
 	return p;
 }

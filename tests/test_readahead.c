@@ -362,6 +362,15 @@ static void test_readaround_sizing(void)
 	for (int i = 0; i < 16; i++)
 		readaround_feedback(&s, false, false, false, 32);
 	CHECK_EQ(s.window, 512);
+	/* back to the size that just shrank (1024): on GROW_BACK edges */
+	for (int i = 0; i < 3; i++)
+		readaround_feedback(&s, true, true, false, 32);
+	CHECK_EQ(s.window, 512);
+	readaround_feedback(&s, true, true, false, 32);
+	CHECK_EQ(s.window, 1024);
+	for (int i = 0; i < 16; i++)
+		readaround_feedback(&s, false, false, false, 32);
+	CHECK_EQ(s.window, 512);
 	for (int i = 0; i < 8; i++)
 		readaround_feedback(&s, false, false, false, 32);
 	CHECK_EQ(s.window, 256);
@@ -492,6 +501,9 @@ static void test_readaround_skips_kernel(void)
 	fault_burst(&e, 21 * FOLIO + 4096, 1);
 	CHECK(!mapping_in_kernel(e.m, 21) && mapping_in_kernel(e.m, 20));
 	CHECK(mapping_cached(e.m, 21));
+	/* an open without keep_cache: the kernel dropped the file's pages */
+	mapping_forget_kernel(e.m);
+	CHECK(!mapping_in_kernel(e.m, 20));
 	readaround_set_mode(READAROUND_ADAPTIVE);
 	env_close(&e);
 }
