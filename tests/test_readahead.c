@@ -319,6 +319,20 @@ static void test_charge_skips_cached(void)
 	env_close(&e);
 }
 
+/* n read-around folios (of 32 pages) used at the window's edge */
+static void edges(struct readaround_state *s, int n)
+{
+	while (n--)
+		readaround_feedback(s, true, true, false, 32);
+}
+
+/* n read-around folios (of 32 pages) evicted unread */
+static void unused(struct readaround_state *s, int n)
+{
+	while (n--)
+		readaround_feedback(s, false, false, false, 32);
+}
+
 /*
  * Read-around sizing: grows while readers get to its edges, by a folio
  * while small and x2 from SMALL folios on; shrinks and stops; recovers.
@@ -339,18 +353,16 @@ static void test_readaround_sizing(void)
 		readaround_feedback(&s, true, false, false, 32);
 	CHECK_EQ(s.window, 32);
 	/* the reader got to its edge: a folio longer each time up to 8 */
-	readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 1);
 	CHECK_EQ(s.window, 64);
-	readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 1);
 	CHECK_EQ(s.window, 96);
-	for (int i = 0; i < 5; i++)
-		readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 5);
 	CHECK_EQ(s.window, 256);
 	/* then x2, up to ra_pages */
-	readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 1);
 	CHECK_EQ(s.window, 512);
-	for (int i = 0; i < 3; i++)
-		readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 3);
 	CHECK_EQ(s.window, 1024);
 	CHECK(readaround_plan(&s, 5000, 1, &p));
 	CHECK_EQ(p.start, 5000 - 512);
@@ -359,27 +371,21 @@ static void test_readaround_sizing(void)
 	CHECK(readaround_plan(&s, 100, 1, &p));
 	CHECK_EQ(p.start, 0); /* clamped at the start of the file */
 	/* unused: /2 each time half a window's worth is evicted unread */
-	for (int i = 0; i < 16; i++)
-		readaround_feedback(&s, false, false, false, 32);
+	unused(&s, 16);
 	CHECK_EQ(s.window, 512);
 	/* back to the size that just shrank (1024): on GROW_BACK edges */
-	for (int i = 0; i < 3; i++)
-		readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 3);
 	CHECK_EQ(s.window, 512);
-	readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 1);
 	CHECK_EQ(s.window, 1024);
-	for (int i = 0; i < 16; i++)
-		readaround_feedback(&s, false, false, false, 32);
+	unused(&s, 16);
 	CHECK_EQ(s.window, 512);
-	for (int i = 0; i < 8; i++)
-		readaround_feedback(&s, false, false, false, 32);
+	unused(&s, 8);
 	CHECK_EQ(s.window, 256);
 	/* and by a folio from SMALL folios down */
-	for (int i = 0; i < 4; i++)
-		readaround_feedback(&s, false, false, false, 32);
+	unused(&s, 4);
 	CHECK_EQ(s.window, 224);
-	for (int i = 0; i < 100; i++)
-		readaround_feedback(&s, false, false, false, 32);
+	unused(&s, 100);
 	CHECK_EQ(s.window, 32);
 	/* 100 unused in a row: stopped, but for a probe now and then */
 	int plans = 0;
@@ -388,16 +394,15 @@ static void test_readaround_sizing(void)
 		plans += readaround_plan(&s, 1000, 1, &p);
 	CHECK_EQ(plans, 4);
 	/* one used read-around folio and it reads around again */
-	readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 1);
 	CHECK(readaround_plan(&s, 1000, 1, &p));
 	CHECK(s.window >= 32);
 	/* back to the size that last shrank (64): on GROW_BACK edges */
-	for (int i = 0; i < 2; i++)
-		readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 2);
 	CHECK_EQ(s.window, 32);
-	readaround_feedback(&s, true, true, false, 32);
+	edges(&s, 1);
 	CHECK_EQ(s.window, 64);
-	readaround_feedback(&s, true, true, false, 32); /* on as before */
+	edges(&s, 1); /* on as before */
 	CHECK_EQ(s.window, 96);
 }
 
