@@ -161,11 +161,20 @@ struct batch_io {
 	unsigned int nruns;
 	struct ring *ring; /* NULL: the reads were done by pread */
 	bool fd_held;      /* zfile_fd_get() succeeded: put at finish */
+	/* in a store: run k is sreads[k], sent by client (this thread's) */
+	struct store_read *sreads;
+	struct store_client *client;
 };
 
 static ssize_t fd_read(struct zfile *f, void *buf, size_t len, uint64_t off)
 {
 	size_t done = 0;
+
+	if (f->obj) {
+		ssize_t n = remote_pread(f, buf, len, off);
+
+		return n < 0 ? n : fault_apply(n, len);
+	}
 
 	while (done < len) {
 		struct iovec v = {(char *)buf + done, len - done};
@@ -219,13 +228,22 @@ static struct ring *ring_of(void *io_ctx)
 	return w && w->ring.ok ? &w->ring : NULL;
 }
 
-/* Queue run k on the ring, or read it now (no ring, or it is full). */
+/* Queue run k on the ring (or the store), or read it now (no ring, or
+ * it is full). */
 static void queue_run(struct zfile *f, struct batch_io *io, unsigned int k)
 {
 	struct ring_read *r = &io->runs[k];
 	bool dontcache = atomic_load_explicit(&f->dontcache,
 					      memory_order_relaxed);
 	ssize_t n;
+
+	if (io->sreads) {
+		io->sreads[k] = (struct store_read){
+			.off = r->off, .len = r->len, .dst = r->dst};
+		store_read_start(io->client, f->obj, &io->sreads[k]);
+		r->done = false;
+		return;
+	}
 
 	io->dontcache[k] = dontcache;
 	if (io->ring && ring_queue(io->ring, f->fd, r,
@@ -313,7 +331,13 @@ static int zfile_submit(struct fill_batch *b)
 	if (!io->buf)
 		return -ENOMEM;
 	io->buf_len = total;
-	io->ring = ring_of(b->io_ctx);
+	io->ring = f->obj ? NULL : ring_of(b->io_ctx);
+	if (f->obj) {
+		io->client = remote_client();
+		io->sreads = calloc(b->nr, sizeof(*io->sreads));
+		if (!io->client || !io->sreads)
+			return -ENOMEM;
+	}
 	for (unsigned int i = 0, j; i < b->nr; i = j) {
 		if (!batch_frame(b, f, i)) {
 			j = i + 1;
@@ -364,6 +388,14 @@ static void read_complete(struct zfile *f, struct ring_read *r,
 static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 {
 	struct ring_read *r = &io->runs[k];
+
+	if (io->sreads && !r->done) { /* by the thread that sent it */
+		r->res = store_read_wait(io->client, &io->sreads[k]);
+		if (r->res < 0)
+			remote_log(f, r->res);
+		r->res = (int)fault_apply(r->res, r->len);
+		r->done = true;
+	}
 
 	if (!r->done && io->ring)
 		ring_wait(io->ring, r);
@@ -471,7 +503,7 @@ static int stream_charge(struct zfile *f, const struct zseek_frame *fr)
 	struct group *root = &f->mapping->cache->budget.root;
 	unsigned long pages;
 	uint64_t need;
-	int r = zseek_stream_need(zseek_pread_fd, &f->fd, fr, &need);
+	int r = zseek_stream_need(zfile_read_cb, f, fr, &need);
 
 	if (r)
 		return r;
@@ -512,7 +544,7 @@ static int read_split(struct zfile *f, unsigned long slot, void *dst,
 		f->stream_ready = r == 0;
 	}
 	if (!r)
-		r = zseek_stream_read(&f->stream, zseek_pread_fd, &f->fd,
+		r = zseek_stream_read(&f->stream, zfile_read_cb, f,
 				      &f->idx, f->slot_frame[slot],
 				      f->slot_skip[slot], dst, len);
 	pthread_mutex_unlock(&f->stream_lock);
@@ -577,6 +609,15 @@ static void zfile_finish(struct fill_batch *b)
 	if (!io)
 		return;
 	/* no completion may arrive after its buffer is gone */
+	for (unsigned int k = 0; io->sreads && k < io->nruns; k++)
+		if (!io->sreads[k].done) {
+			/* only its own thread may stop it (never so far: the
+			 * worker waits for the window before sharing it) */
+			if (remote_client() == io->client)
+				store_read_cancel(io->client, &io->sreads[k]);
+			else
+				io->runs[k].orphaned = true;
+		}
 	for (unsigned int k = 0; k < io->nruns; k++) {
 		if (!io->runs[k].done && io->ring)
 			ring_wait(io->ring, &io->runs[k]);
@@ -592,6 +633,8 @@ static void zfile_finish(struct fill_batch *b)
 	free(io->run);
 	free(io->err);
 	free(io->dontcache);
+	if (!orphaned)
+		free(io->sreads);
 	if (io->fd_held)
 		zfile_fd_put(b->mapping->host);
 	free(io);
@@ -666,6 +709,28 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
  * it is read in part again.
  */
 
+/* The reads of one part read from a store: in parallel. */
+static int part_io_remote(struct zfile *f, struct ring_read *rr, int n)
+{
+	struct store_client *c = remote_client();
+	struct store_read sr[3];
+
+	if (!c || n > 3)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++) {
+		sr[i] = (struct store_read){
+			.off = rr[i].off, .len = rr[i].len, .dst = rr[i].dst};
+		store_read_start(c, f->obj, &sr[i]);
+	}
+	for (int i = 0; i < n; i++) {
+		rr[i].res = store_read_wait(c, &sr[i]);
+		if (rr[i].res < 0)
+			remote_log(f, rr[i].res);
+		rr[i].done = true;
+	}
+	return 0;
+}
+
 /*
  * The reads of one part read, at once on the worker's ring when there are
  * several (one I/O's latency, not two or three), else by pread.  0, or
@@ -675,9 +740,12 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
 static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 		   int n, void *block)
 {
-	struct ring *ring = n > 1 ? ring_of(io_ctx) : NULL;
+	struct ring *ring = n > 1 && !f->obj ? ring_of(io_ctx) : NULL;
 	bool dc = atomic_load_explicit(&f->dontcache, memory_order_relaxed);
 	bool orphaned = false;
+
+	if (f->obj)
+		return part_io_remote(f, rr, n);
 
 	for (int i = 0; i < n; i++) {
 		rr[i].done = false;
@@ -843,6 +911,7 @@ static void zfile_release(struct mapping *m)
 	free(f->slot_skip);
 	free(f->parts);
 	zfile_fd_release(f);
+	store_obj_free(f->obj);
 	free(f->path);
 	free(f);
 }

@@ -68,6 +68,12 @@ static int read_transport(struct group *g, char *buf, size_t len)
 	return furing_describe(buf, len);
 }
 
+static int read_store(struct group *g, char *buf, size_t len)
+{
+	(void)g;
+	return remote_describe(buf, len);
+}
+
 /* A size in bytes, or "max": pages.  Rounds down, like the kernel. */
 static int parse_pages(const char *s, long *pages)
 {
@@ -137,6 +143,11 @@ const struct ctl_file ctl_files[] = {
 	 "how requests reach the daemon (uring or dev), its io_uring queues "
 	 "and entries, and the requests served over io_uring; the same in "
 	 "every group"},
+	{"store", 0444, read_store, NULL,
+	 "a dataset in a store: its address, HTTP requests sent, body bytes "
+	 "received, requests retried, reads failed after their retries, and "
+	 "responses that showed an object changed (\"store none\" for a "
+	 "local dataset); the same in every group"},
 };
 const int nr_ctl_files = (int)(sizeof(ctl_files) / sizeof(ctl_files[0]));
 #define NR_CTL_FILES nr_ctl_files

@@ -506,7 +506,8 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	fd_cache_init(&ds->fds, opt->max_open);
 	CDS_INIT_LIST_HEAD(&ds->streams.lru);
 	CDS_INIT_LIST_HEAD(&ds->handles);
-	r = open_root(ds, opt->dataset, err, errlen);
+	r = store_is_url(opt->dataset) ? remote_open(ds, err, errlen)
+				       : open_root(ds, opt->dataset, err, errlen);
 	if (r)
 		return r;
 	ds->root = znode_new(ZN_DIR, ".");
@@ -523,8 +524,12 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	}
 	if (!ds->single) {
 		r = manifest_open(ds, err, errlen);
+		/* the daemon forks next: no connection of this thread's goes */
+		remote_thread_done();
 		if (r < 0)
 			return r;
+		if (ds->store) /* the control directory's times */
+			ds->root_st = ds->mf->root;
 	}
 	if (opt->ctl && *opt->ctl) {
 		ds->ctl_root = znode_ctl(ds, &ds->cache.budget.root, CTL_DIR_ID,
@@ -561,5 +566,6 @@ void dataset_close(struct dataset *ds)
 		cache_destroy(&ds->cache);
 	if (ds->rootfd >= 0)
 		close(ds->rootfd);
+	remote_close(ds);
 	free(ds->single);
 }

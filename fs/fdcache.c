@@ -90,6 +90,8 @@ int zfile_fd_get(struct zfile *f)
 	struct fd_cache *c = &f->ds->fds;
 	int r = 0;
 
+	if (f->obj) /* in a store: no fd */
+		return 0;
 	pthread_mutex_lock(&c->lock);
 	if (f->fd < 0)
 		r = reopen(c, f);
@@ -103,6 +105,8 @@ void zfile_fd_put(struct zfile *f)
 {
 	struct fd_cache *c = &f->ds->fds;
 
+	if (f->obj)
+		return;
 	pthread_mutex_lock(&c->lock);
 	if (--f->fd_users == 0) {
 		cds_list_add_tail(&f->fd_link, &c->lru);

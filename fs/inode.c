@@ -285,12 +285,16 @@ static void zfile_unindex(struct zfile *f)
 	free(f->parts);
 }
 
-/* Index f's frames, RCU-offline (it reads, and may decode unsized ones). */
-static int zfile_index(struct zfile *f)
+/* The backing file's attributes: its own, or its object's. */
+static int zfile_stat(struct zfile *f)
 {
-	char err[256] = "";
-	int r;
-
+	if (f->obj) {
+		memset(&f->st, 0, sizeof(f->st));
+		f->st.st_mode = S_IFREG | 0444;
+		f->st.st_size = (off_t)store_obj_size(f->obj);
+		f->st.st_mtim.tv_sec = store_obj_mtime(f->obj);
+		return 0;
+	}
 	if (fstat(f->fd, &f->st) || !S_ISREG(f->st.st_mode))
 		return -EIO;
 	/*
@@ -299,10 +303,32 @@ static int zfile_index(struct zfile *f)
 	 * page cache outside the budget.
 	 */
 	posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM);
+	return 0;
+}
+
+/* zseek's reads of a backing file, local or in a store. */
+ssize_t zfile_read_cb(void *ctx, void *buf, size_t len, uint64_t off)
+{
+	struct zfile *f = ctx;
+
+	return f->obj ? remote_pread(f, buf, len, off)
+		      : zseek_pread_fd(&f->fd, buf, len, off);
+}
+
+/* Index f's frames, RCU-offline (it reads, and may decode unsized ones). */
+static int zfile_index(struct zfile *f)
+{
+	char err[256] = "";
+	int r = zfile_stat(f);
+
+	if (r)
+		return r;
 	cache_thread_offline();
-	r = zseek_index_build(zseek_pread_fd, &f->fd, (uint64_t)f->st.st_size,
+	r = zseek_index_build(zfile_read_cb, f, (uint64_t)f->st.st_size,
 			      f->decode, &f->idx, err, sizeof(err));
 	cache_thread_online();
+	if (f->obj)
+		store_obj_drop_tail(f->obj);
 	if (r) {
 		zlog_file(f->path, "%s", err[0] ? err : strerror(-r));
 		return r == -ENOMEM ? r : -EIO;
@@ -310,23 +336,33 @@ static int zfile_index(struct zfile *f)
 	return zfile_build_geometry(f);
 }
 
+/* The backing a zfile takes over, when it cannot be made. */
+static void backing_drop(int fd, struct store_obj *obj)
+{
+	if (fd >= 0)
+		close(fd);
+	store_obj_free(obj);
+}
+
 /*
- * The backing state of the open backing file fd (which it takes over),
- * served decoded or not, with one mapping reference for the caller.
+ * The backing state of the open backing file fd, or of the store's object
+ * obj (it takes over either), served decoded or not, with one mapping
+ * reference for the caller.
  */
-int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
-		 struct zfile **out)
+int zfile_create(struct dataset *ds, int fd, struct store_obj *obj,
+		 bool decode, const char *path, struct zfile **out)
 {
 	struct zfile *f = calloc(1, sizeof(*f));
 	int r;
 
 	if (!f || !(f->path = strdup(path))) {
 		free(f);
-		close(fd);
+		backing_drop(fd, obj);
 		return -ENOMEM;
 	}
 	f->ds = ds;
 	f->fd = fd;
+	f->obj = obj;
 	f->decode = decode;
 	f->pool = &ds->streams;
 	CDS_INIT_LIST_HEAD(&f->stream_link);
@@ -341,13 +377,14 @@ int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
 	}
 	if (r) {
 		zfile_unindex(f);
-		close(f->fd);
+		backing_drop(f->fd, f->obj);
 		free(f->path);
 		free(f);
 		return r;
 	}
 	pthread_mutex_init(&f->stream_lock, NULL);
-	zfile_fd_add(f);
+	if (!obj)
+		zfile_fd_add(f);
 	f->meta_bytes = zfile_meta_bytes(f);
 	meta_charge(ds, f->meta_bytes);
 	if (f->idx.nunsized) /* counted once per file: a slow file */
@@ -357,13 +394,35 @@ int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
 	return 0;
 }
 
+/*
+ * The dataset file at path (a manifest, a data file), opened and indexed,
+ * from the dataset directory or the store: 0 or -errno, with the reason
+ * in err when it could not be opened.
+ */
+int zfile_open_path(struct dataset *ds, const char *path, struct zfile **out,
+		    char *err, size_t errlen)
+{
+	struct store_obj *obj = NULL;
+	int fd = -1, r;
+
+	if (ds->store) {
+		r = remote_obj_open(ds, path, &obj, err, errlen);
+	} else {
+		fd = dataset_open_backing(ds, path, O_RDONLY);
+		r = fd < 0 ? fd : 0;
+		if (r)
+			snprintf(err, errlen, "%s: %s", path, strerror(-r));
+	}
+	return r ? r : zfile_create(ds, fd, obj, true, path, out);
+}
+
 static int zfile_open(struct dataset *ds, struct znode *n, struct zfile **out)
 {
 	int fd = dataset_open_backing(ds, n->path, O_RDONLY);
 
 	if (fd < 0)
 		return fd;
-	return zfile_create(ds, fd, n->decode, n->path, out);
+	return zfile_create(ds, fd, NULL, n->decode, n->path, out);
 }
 
 /*

@@ -23,6 +23,7 @@
 #include "../readahead/readahead.h"
 #include <urcu/rculfhash.h>
 #include "../format/format.h"
+#include "../remote/remote.h"
 
 enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
 enum backing_cache { BACKING_DROP, BACKING_KEEP };
@@ -54,12 +55,15 @@ struct options {
 	enum group_by group_by;
 	bool lockless;
 	char *ctl;
+	/* a dataset in a store (remote.c): NULL is "from the usual places" */
+	char *endpoint, *region, *credentials, *profile;
+	unsigned int retries, timeout;
 	bool foreground;
 	bool debug;
 };
 
 enum opt_type { OPT_SIZE, OPT_SIZE_MAX, OPT_UINT, OPT_BOOL, OPT_ENUM,
-		OPT_NAME };
+		OPT_NAME, OPT_TEXT /* any text; "auto" is NULL */ };
 
 struct opt_desc {
 	const char *name;
@@ -100,6 +104,7 @@ struct zfile {
 	char *path;            /* the backing path, relative to the root */
 	/* the fd, -1 while closed; fd_users and fd_link under ds->fds.lock */
 	int fd;
+	struct store_obj *obj; /* in a store: its object, and fd is -1 */
 	unsigned int fd_users;
 	struct cds_list_head fd_link; /* on ds->fds.lru while idle */
 	atomic_bool dontcache; /* backing reads with RWF_DONTCACHE */
@@ -183,6 +188,7 @@ struct manifest;
 struct dataset {
 	struct options *opt;
 	struct manifest *mf;     /* the dataset's manifest, or NULL */
+	struct store *store;     /* in a store (remote.c), or NULL */
 	atomic_long meta_bytes;  /* metadata charged (meta.c) */
 	atomic_uint fill_clock;  /* folios filled from backing, ever */
 	atomic_long meta_pages;
@@ -380,10 +386,26 @@ int znode_stat(struct dataset *ds, struct znode *n, struct stat *st);
 int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 	       struct zfile **out);
 void zfile_put(struct zfile *f);
-int zfile_create(struct dataset *ds, int fd, bool decode, const char *path,
-		 struct zfile **out);
+int zfile_create(struct dataset *ds, int fd, struct store_obj *obj,
+		 bool decode, const char *path, struct zfile **out);
+int zfile_open_path(struct dataset *ds, const char *path, struct zfile **out,
+		    char *err, size_t errlen);
+/* zseek's read callback for a zfile (ctx), local or in a store */
+ssize_t zfile_read_cb(void *ctx, void *buf, size_t len, uint64_t off);
 struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
 			enum znode_kind kind);
+
+/* remote.c: a dataset in a store */
+int remote_open(struct dataset *ds, char *err, size_t errlen);
+void remote_close(struct dataset *ds);
+struct store_client *remote_client(void);
+void remote_thread_done(void);
+int remote_obj_open(struct dataset *ds, const char *path,
+		    struct store_obj **out, char *err, size_t errlen);
+ssize_t remote_pread(struct zfile *f, void *buf, size_t len, uint64_t off);
+void remote_log(struct zfile *f, long err);
+/* the store control file: the dataset's address and its counters */
+int remote_describe(char *buf, size_t len);
 
 /* backing.c */
 extern const struct mapping_ops zfile_mapping_ops;

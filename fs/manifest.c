@@ -95,22 +95,37 @@ static int check_shape(struct manifest *mf)
  * error (with its reason in err). */
 int manifest_open(struct dataset *ds, char *err, size_t errlen)
 {
-	struct manifest *mf;
+	struct manifest *mf = calloc(1, sizeof(*mf));
 	struct header_call hc;
-	int fd, r;
+	char why[384] = "";
+	int r;
 
-	fd = dataset_open_backing(ds, ZMF_NAME, O_RDONLY);
-	if (fd < 0)
-		return fd == -ENOENT ? 1 : fd;
-	mf = calloc(1, sizeof(*mf));
-	if (!mf) {
-		close(fd);
+	if (!mf)
 		return -ENOMEM;
+	cache_thread_register(); /* reads through the cache */
+	r = zfile_open_path(ds, ZMF_NAME, &mf->zf, why, sizeof(why));
+	if (r == -ENOENT && !ds->store) { /* a tree without one */
+		cache_thread_unregister();
+		free(mf);
+		return 1;
 	}
 	ds->mf = mf;
 	hc.mf = mf;
-	cache_thread_register(); /* reads through the cache */
-	r = zfile_create(ds, fd, true, ZMF_NAME, &mf->zf);
+	if (r && why[0]) { /* it could not be opened */
+		cache_thread_unregister();
+		if (r == -ENOENT)
+			snprintf(err, errlen, "%s: no %s there: a dataset in "
+					      "a store must be one mkzfolio "
+					      "packed",
+				 store_name(ds->store), ZMF_NAME);
+		else if (r == -EACCES && ds->store)
+			snprintf(err, errlen, "%s: the store refused access "
+					      "(%s): check the credentials",
+				 store_name(ds->store), why);
+		else
+			snprintf(err, errlen, "%s", why);
+		return r;
+	}
 	if (!r && !mf->zf->mapping->nr_folios)
 		r = -EBADMSG;
 	if (!r)
@@ -360,22 +375,32 @@ int manifest_list(struct dataset *ds, fuse_ino_t ino, struct dir_entry **out,
 	return 0;
 }
 
-/* The data file id, opened when first needed, with a reference. */
+/*
+ * The data file id, opened when first needed, with a reference.  A data
+ * file in a store that was seen to change is indexed again (its cached
+ * folios go with the old index).
+ */
 static int data_file(struct dataset *ds, uint64_t id, struct zfile **out)
 {
 	struct mf_data *d;
-	char path[64];
-	int fd, r = 0;
+	char path[64], why[384];
+	int r = 0;
 
 	if (id >= ds->mf->ndata)
 		return -EIO;
 	d = &ds->mf->data[id];
 	pthread_mutex_lock(&d->lock);
+	if (d->f && d->f->obj && store_obj_changed(d->f->obj)) {
+		mapping_invalidate(d->f->mapping);
+		zfile_put(d->f);
+		d->f = NULL;
+	}
 	if (!d->f) {
 		snprintf(path, sizeof(path), ZMF_DATA_DIR "/%08llu.zst",
 			 (unsigned long long)id);
-		fd = dataset_open_backing(ds, path, O_RDONLY);
-		r = fd < 0 ? fd : zfile_create(ds, fd, true, path, &d->f);
+		r = zfile_open_path(ds, path, &d->f, why, sizeof(why));
+		if (r && ds->store)
+			zlog_file(path, "%s", why);
 	}
 	if (!r) {
 		mapping_get(d->f->mapping);

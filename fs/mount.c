@@ -549,14 +549,17 @@ static int check_args(struct daemon *d)
 	char real[PATH_MAX];
 	long cores;
 
-	if (access(o->dataset, R_OK) || !realpath(o->dataset, real)) {
+	if (store_is_url(o->dataset)) {
+		/* reached when the dataset is opened */
+	} else if (access(o->dataset, R_OK) || !realpath(o->dataset, real)) {
 		fprintf(stderr, "%s: dataset %s: %s\n", progname, o->dataset,
 			strerror(errno));
 		return -1;
+	} else {
+		/* recorded in /proc/mounts: absolute, whatever the cwd was */
+		free(o->dataset);
+		o->dataset = strdup(real);
 	}
-	/* recorded in /proc/mounts: absolute, whatever the cwd was */
-	free(o->dataset);
-	o->dataset = strdup(real);
 	if (!o->dataset || check_mountpoint(d->fopts.mountpoint))
 		return -1;
 	if (access("/dev/fuse", R_OK | W_OK)) {
@@ -756,6 +759,10 @@ static void daemon_free(struct daemon *d)
 	fuse_opt_free_args(&d->args);
 	free(d->opt.dataset);
 	free(d->opt.ctl);
+	free(d->opt.endpoint);
+	free(d->opt.region);
+	free(d->opt.credentials);
+	free(d->opt.profile);
 	free(d->pc.error);
 }
 

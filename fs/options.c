@@ -100,6 +100,32 @@ const struct opt_desc opt_table[] = {
 	 "memory.high of new child groups", NULL, 0, 1ull << 42},
 	{"ctl", OPT_NAME, OFF(ctl), ".zfolio",
 	 "name of the control directory at the mount root", NULL, 0, 0},
+	{"endpoint", OPT_TEXT, OFF(endpoint), "auto",
+	 "s3:// datasets: the S3 service's URL, path-style (auto: "
+	 "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS itself)",
+	 NULL, 0, 0},
+	{"region", OPT_TEXT, OFF(region), "auto",
+	 "s3:// datasets: the region requests are signed for (auto: "
+	 "AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config, else us-east-1)",
+	 NULL, 0, 0},
+	{"credentials", OPT_TEXT, OFF(credentials), "auto",
+	 "s3:// datasets: a credentials file as AWS's (auto: "
+	 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, else "
+	 "~/.aws/credentials, else unsigned requests)",
+	 NULL, 0, 0},
+	{"profile", OPT_TEXT, OFF(profile), "auto",
+	 "s3:// datasets: the credentials file's section (auto: AWS_PROFILE, "
+	 "else default)",
+	 NULL, 0, 0},
+	{"retries", OPT_UINT, OFF(retries), "5",
+	 "datasets in a store: how many times a request that failed on the "
+	 "way (5xx, reset, timeout) is sent again, with backoff, before the "
+	 "read is EIO",
+	 NULL, 0, 100},
+	{"timeout", OPT_UINT, OFF(timeout), "15",
+	 "datasets in a store: seconds without progress after which a "
+	 "request is given up (and retried)",
+	 NULL, 1, 3600},
 };
 const size_t nr_opts = sizeof(opt_table) / sizeof(opt_table[0]);
 
@@ -118,6 +144,9 @@ void opt_value_hint(const struct opt_desc *d, char *out, size_t len)
 		return;
 	case OPT_NAME:
 		text_printf(&t, "NAME");
+		return;
+	case OPT_TEXT:
+		text_printf(&t, "TEXT");
 		return;
 	case OPT_BOOL:
 	case OPT_ENUM:
@@ -181,6 +210,16 @@ static int apply_name(char **p, const char *val)
 	return *p ? 0 : -ENOMEM;
 }
 
+static int apply_text(char **p, const char *val)
+{
+	free(*p);
+	*p = NULL;
+	if (!*val || strcmp(val, "auto") == 0)
+		return 0;
+	*p = strdup(val);
+	return *p ? 0 : -ENOMEM;
+}
+
 /* Set one option from its text; 0 or a negative errno. */
 int opt_apply(struct options *o, const struct opt_desc *d, const char *val)
 {
@@ -197,6 +236,8 @@ int opt_apply(struct options *o, const struct opt_desc *d, const char *val)
 		return apply_choice(d, p, val);
 	case OPT_NAME:
 		return apply_name(p, val);
+	case OPT_TEXT:
+		return apply_text(p, val);
 	}
 	return -EINVAL;
 }
@@ -247,7 +288,9 @@ void options_usage(FILE *out, const char *progname)
 		"Mount a zstd-compressed dataset read-only and serve it from "
 		"zfolio's own\npage cache under a memory budget.  DATASET is "
 		"a directory made by mkzfolio,\nany tree of .zst and plain "
-		"files, or one .zst file.\n\nzfolio options (-o name=value):\n",
+		"files, or one .zst file; or a dataset mkzfolio packed\nin a "
+		"store: s3://BUCKET/PREFIX or https://HOST/PATH/.\n\n"
+		"zfolio options (-o name=value):\n",
 		progname);
 	for (size_t i = 0; i < nr_opts; i++) {
 		const struct opt_desc *d = &opt_table[i];

@@ -104,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	cache_barrier(); /* no deferred free runs while we measure */
 	before = (long)__sanitizer_get_current_allocated_bytes();
-	if (zfile_create(&ds, fd, true, "fuzz.zst", &f))
+	if (zfile_create(&ds, fd, NULL, true, "fuzz.zst", &f))
 		return 0;
 	if ((long)__sanitizer_get_current_allocated_bytes() - before >
 	    (long)(INDEX_BYTES_PER_BYTE * size + INDEX_BYTES_FIXED))
