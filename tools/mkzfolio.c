@@ -15,9 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "mkzfolio.h"
+#include "../remote/remote.h"
 
 const char *progname = "mkzfolio";
 
@@ -25,6 +27,8 @@ const char *progname = "mkzfolio";
 struct cli {
 	const char *src, *dst;
 	bool force, quiet, small_set;
+	struct store_options store; /* DST in a store */
+	char *tmp;                  /* where a dataset for a store is packed */
 };
 
 static void usage(FILE *out)
@@ -50,6 +54,20 @@ static void usage(FILE *out)
 		"  -j, --threads N    compression threads (default: the "
 		"cores)\n"
 		"      --force        write into a DST that is not empty\n"
+		"\nDST may be a store: s3://BUCKET/PREFIX, or an HTTP server "
+		"that takes PUT\n(https://HOST/PATH/).  The dataset is packed "
+		"in $TMPDIR (else /var/tmp),\nthen uploaded, data files first "
+		"and the manifest last; big objects as S3\nmultipart uploads. "
+		"Credentials as zfolio finds them (AWS_ACCESS_KEY_ID and\n"
+		"AWS_SECRET_ACCESS_KEY, ~/.aws/credentials).\n"
+		"      --endpoint URL  the S3 service (default: "
+		"AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL,\n"
+		"                     else AWS)\n"
+		"      --region R     the signing region (default: AWS_REGION, "
+		"else us-east-1)\n"
+		"      --credentials FILE, --profile NAME\n"
+		"                     a credentials file as AWS's, and its "
+		"section\n\n"
 		"  -q, --quiet        no progress bar or summary\n"
 		"  -V, --version      print the version and exit\n"
 		"  -h, --help         this help\n",
@@ -109,6 +127,10 @@ static const struct option longopts[] = {
 	{"layout", required_argument, NULL, 'L'},
 	{"threads", required_argument, NULL, 'j'},
 	{"force", no_argument, NULL, 'f'},
+	{"endpoint", required_argument, NULL, 'E'},
+	{"region", required_argument, NULL, 'R'},
+	{"credentials", required_argument, NULL, 'C'},
+	{"profile", required_argument, NULL, 'P'},
 	{"quiet", no_argument, NULL, 'q'},
 	{"version", no_argument, NULL, 'V'},
 	{"help", no_argument, NULL, 'h'},
@@ -147,6 +169,18 @@ static void parse_options(int argc, char **argv, struct packer *pk,
 			break;
 		case 'f':
 			cli->force = true;
+			break;
+		case 'E':
+			cli->store.endpoint = optarg;
+			break;
+		case 'R':
+			cli->store.region = optarg;
+			break;
+		case 'C':
+			cli->store.credentials = optarg;
+			break;
+		case 'P':
+			cli->store.profile = optarg;
 			break;
 		case 'q':
 			cli->quiet = true;
@@ -217,6 +251,42 @@ static void check_paths(const struct cli *cli, struct stat *sst, char *rsrc,
 		    cli->dst);
 }
 
+/*
+ * DST in a store: checked now (credentials, an existing dataset), packed
+ * into a temporary directory, uploaded at the end.
+ */
+static void store_prepare(struct cli *cli, const struct packer *pk)
+{
+	const char *tmp = getenv("TMPDIR");
+
+	if (pk->layout != LAYOUT_PACKED)
+		die("a store takes the packed layout only");
+	cli->store.retries = STORE_RETRIES;
+	upload_check(cli->dst, &cli->store, cli->force);
+	if (asprintf(&cli->tmp, "%s/mkzfolio-XXXXXX",
+		     tmp && *tmp ? tmp : "/var/tmp") < 0 ||
+	    !mkdtemp(cli->tmp))
+		die("a temporary directory: %s", strerror(errno));
+	cli->dst = cli->tmp;
+}
+
+static void store_finish(struct cli *cli, const char *url)
+{
+	char *argv[] = {"rm", "-rf", "--", cli->tmp, NULL};
+	pid_t pid;
+	int st;
+
+	upload_dataset(cli->tmp, url, &cli->store, cli->quiet);
+	pid = fork();
+	if (pid == 0) {
+		execvp("rm", argv);
+		_exit(127);
+	}
+	if (pid < 0 || waitpid(pid, &st, 0) < 0 || st)
+		warn("could not remove %s", cli->tmp);
+	free(cli->tmp);
+}
+
 static int open_dir(const char *path)
 {
 	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -281,6 +351,7 @@ int main(int argc, char **argv)
 	char rsrc[PATH_MAX], rdst[PATH_MAX];
 	struct place src, dst;
 	struct stat sst;
+	const char *url;
 
 	pk.threads = default_threads();
 	parse_options(argc, argv, &pk, &cli);
@@ -289,6 +360,9 @@ int main(int argc, char **argv)
 	if (pk.small > pk.frame)
 		die("--small %llu is above the frame size: a small file must "
 		    "fit in one frame", (unsigned long long)pk.small);
+	url = store_is_url(cli.dst) ? cli.dst : NULL;
+	if (url)
+		store_prepare(&cli, &pk);
 	check_paths(&cli, &sst, rsrc, rdst);
 	/* messages name paths as given; the tree layout's last step too */
 	src = (struct place){open_dir(rsrc), cli.src};
@@ -302,5 +376,7 @@ int main(int argc, char **argv)
 	packer_free(&pk);
 	close(src.fd);
 	close(dst.fd);
+	if (url)
+		store_finish(&cli, url);
 	return 0;
 }

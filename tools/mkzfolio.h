@@ -93,6 +93,12 @@ struct entry {
 extern const char *progname;
 
 /* pool.c */
+/* upload.c: a dataset written to a store */
+struct store_options;
+void upload_check(const char *url, const struct store_options *o, bool force);
+void upload_dataset(const char *dir, const char *url,
+		    const struct store_options *o, bool quiet);
+
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 char *join(const char *dir, const char *name);
