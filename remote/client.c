@@ -280,7 +280,8 @@ static void attempt_end(struct store_client *c, struct xfer *x, CURLcode cc)
 		read_done(c, r, err ? err : (int)r->got);
 		return;
 	}
-	if (x->status >= 200 && x->status <= 299 && !same_object(x, r->obj)) {
+	if (r->obj->size != STORE_SIZE_UNKNOWN && x->status >= 200 &&
+	    x->status <= 299 && !same_object(x, r->obj)) {
 		atomic_store_explicit(&r->obj->changed, true,
 				      memory_order_relaxed);
 		atomic_fetch_add_explicit(&s->n_changed, 1,

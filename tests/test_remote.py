@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Datasets in object storage: a packed dataset served over HTTP by nginx
+and over S3 by a single-node Ceph RADOS Gateway, read through zfolio.
+
+    test_remote.py http | faults | changed | errors | s3
+"""
+import mmap
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zftest import *  # noqa: E402,F401,F403
+import stores  # noqa: E402
+
+MIB = 1 << 20
+
+
+def make_data(src):
+    """Big files of both kinds and a few hundred small ones: {rel: bytes}."""
+    files = {
+        "big/text0.log": text_bytes(12 * MIB, 1),
+        "big/text1.log": text_bytes(10 * MIB, 2),
+        "big/rand.bin": rand_bytes(8 * MIB, 3),
+        "big/mixed.dat": text_bytes(4 * MIB, 4) + rand_bytes(4 * MIB, 5),
+    }
+    for i in range(300):
+        files["small/%03d/f%d.txt" % (i % 17, i)] = text_bytes(
+            random.Random(i).randint(0, 40000), 100 + i)
+    for rel, data in files.items():
+        p = os.path.join(src, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+    return files
+
+
+def tree_digest(root):
+    r = subprocess.run("tar --sort=name --numeric-owner -C '%s' -c . | "
+                       "sha256sum" % root, shell=True, capture_output=True,
+                       text=True, timeout=600)
+    check(r.returncode == 0, "tar of %s: %s" % (root, r.stderr))
+    return r.stdout.split()[0]
+
+
+def reader(mnt, files, names, how, seed, errors):
+    """Each of names read whole: by read() in pieces, through a mapping, or
+    by random preads; every byte checked."""
+    rnd = random.Random(seed)
+    try:
+        for rel in names:
+            data, p = files[rel], os.path.join(mnt, rel)
+            with open(p, "rb") as f:
+                if how == "mmap" and data:
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    got = mm[:]
+                    mm.close()
+                elif how == "random":
+                    for _ in range(64):
+                        off = rnd.randrange(len(data)) if data else 0
+                        n = rnd.randint(1, 65536)
+                        if os.pread(f.fileno(), n, off) != data[off:off + n]:
+                            errors.append("%s at %d+%d differs" % (rel, off, n))
+                            return
+                    continue
+                else:
+                    got = b"".join(iter(lambda: f.read(rnd.choice(
+                        (4096, 65536, MIB))), b""))
+            if got != data:
+                errors.append("%s (%s): %d bytes, differ" % (rel, how, len(got)))
+    except OSError as e:
+        errors.append("%s: %s" % (how, e))
+
+
+def read_all(mnt, files, nreaders=4, hows=("read", "mmap", "random", "read")):
+    """nreaders at once over every file (read(), mmap, random preads)."""
+    errors = []
+    names = sorted(files)
+    ts = [threading.Thread(target=reader,
+                           args=(mnt, files, names[i::nreaders] +
+                                 [n for n in names if n.startswith("big/")],
+                                 hows[i % len(hows)], i, errors))
+          for i in range(nreaders)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    check(not errors, "; ".join(errors[:4]))
+
+
+def store_counts(m):
+    return {k: (int(v) if v.isdigit() else v) for k, v in
+            (line.split(" ", 1) for line in m.ctl("store").splitlines())}
+
+
+def test_http():
+    """A packed dataset served by nginx, mounted by its URL under a budget
+    far below its size: four readers (read(), mmap, random preads) get every
+    byte, in both cache modes; the tree is the source's name for name (tar
+    digest); the budget holds; requests and bytes are counted, no read
+    failed."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, www = d + "/src", d + "/www"
+        os.makedirs(src)
+        files = make_data(src)
+        os.makedirs(www)
+        pack(src, www + "/ds")
+        with stores.Nginx(www) as web:
+            for opts in ("budget=4M", "budget=4M,cache=engine,ra_kb=1024"):
+                with Mount(web.url + "ds/", d + "/mnt", opts) as m:
+                    read_all(m.mnt, files)
+                    check(tree_digest(m.mnt) == tree_digest(src),
+                          "%s: tar digest differs" % opts)
+                    st, n = m.stat(), store_counts(m)
+                    check(int(m.ctl("memory.peak")) <= 4 * MIB,
+                          "%s: peak %s over the budget" % (opts,
+                                                           m.ctl("memory.peak")))
+                    check(n["store"] == web.url + "ds/", "store: %r" % n)
+                    check(n["requests"] > 0 and n["failures"] == 0 and
+                          n["bytes"] > 0, "%s: counts %r" % (opts, n))
+                    check(n["requests"] <= web.requests(),
+                          "more requests counted than nginx served")
+                    print("%s: %d requests, %d bytes, file peak %d" %
+                          (opts, n["requests"], n["bytes"], st["file"]))
+
+
+def test_faults():
+    """A store that answers 503, drops connections half-way through a body
+    and stalls past the timeout now and then: every byte right, the
+    failures retried (counted); a store that fails every request: EIO
+    within seconds, never a hang, and right bytes once it recovers."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, www = d + "/src", d + "/www"
+        os.makedirs(src)
+        files = make_data(src)
+        os.makedirs(www)
+        pack(src, www + "/ds")
+        with stores.Nginx(www) as web, \
+                stores.FaultProxy(web.port, every_503=5, every_drop=7,
+                                  every_stall=61, stall_s=2.5) as px:
+            with Mount(px.url + "ds/", d + "/mnt",
+                       "budget=4M,cache=engine,timeout=1,retries=8") as m:
+                # no mmap: a failure would be a SIGBUS, not a message
+                read_all(m.mnt, files, hows=("read", "random"))
+                n = store_counts(m)
+                check(n["retries"] > 0 and n["failures"] == 0,
+                      "counts %r, faults %r" % (n, px.faults))
+                check(px.faults["503"] and px.faults["drop"] and
+                      px.faults["stall"], "faults %r" % px.faults)
+                print("faults %r, store %r" % (px.faults, n))
+        with stores.Nginx(www) as web, stores.FaultProxy(web.port) as px:
+            with Mount(px.url + "ds/", d + "/mnt",
+                       "budget=4M,cache=engine,retries=2") as m:
+                rel = "big/text0.log"
+                px.every_503 = 1  # from now on, every request fails
+                t0 = time.time()
+                try:
+                    with open(os.path.join(m.mnt, rel), "rb") as f:
+                        f.read()
+                    fail("a read through a failing store succeeded")
+                except OSError as e:
+                    check(e.errno == errno.EIO, "error %r, not EIO" % e)
+                check(time.time() - t0 < 10,
+                      "EIO took %.1f s" % (time.time() - t0))
+                n = store_counts(m)
+                check(n["failures"] > 0, "failures not counted: %r" % n)
+                px.every_503 = 0
+                with open(os.path.join(m.mnt, rel), "rb") as f:
+                    check(f.read() == files[rel], "not right after recovery")
+
+
+def test_changed():
+    """A data file replaced in the store while mounted (another ETag): its
+    reads fail with ESTALE and it is logged; opened again, the file is
+    indexed anew and reads right."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, www = d + "/src", d + "/www"
+        os.makedirs(src)
+        files = make_data(src)
+        os.makedirs(www)
+        pack(src, www + "/ds")
+        rel = "big/text0.log"
+        with stores.Nginx(www) as web:
+            with Mount(web.url + "ds/", d + "/mnt",
+                       "budget=4M,cache=engine") as m:
+                p = os.path.join(m.mnt, rel)
+                with open(p, "rb") as f:
+                    check(f.read(MIB) == files[rel][:MIB], "first read")
+                    # the same bytes, a new ETag (nginx's is mtime-size)
+                    for name in os.listdir(www + "/ds/data"):
+                        os.utime(os.path.join(www, "ds/data", name),
+                                 (2_000_000_000, 2_000_000_000))
+                    try:
+                        f.seek(8 * MIB)
+                        f.read(MIB)
+                        fail("a changed object read without an error")
+                    except OSError as e:
+                        check(e.errno in (errno.ESTALE, errno.EIO),
+                              "error %r" % e)
+                with open(p, "rb") as f:
+                    check(f.read() == files[rel], "reopened: differs")
+                n = store_counts(m)
+                check(n["changed"] > 0, "changed not counted: %r" % n)
+            check("changed in the store" in m.output(),
+                  "not logged: " + m.output()[-1000:])
+
+
+def test_errors():
+    """Mounting what is not there fails at once with one line: no dataset
+    at the URL, a server that refuses connections, a bucket-less s3 URL."""
+    require_root_fuse()
+    with tmpdir() as d:
+        os.makedirs(d + "/www/empty")
+        with stores.Nginx(d + "/www") as web:
+            cases = [
+                (web.url + "empty/", "no manifest.zst there"),
+                ("http://127.0.0.1:%d/ds/" % stores.free_port(),
+                 "Couldn't connect"),
+                ("s3:///prefix", "no bucket"),
+            ]
+            for url, want in cases:
+                os.makedirs(d + "/mnt", exist_ok=True)
+                t0 = time.time()
+                r = subprocess.run([ZFOLIO, url, d + "/mnt", "-f", "-o",
+                                    "retries=1"], capture_output=True,
+                                   text=True, timeout=60)
+                lines = r.stderr.strip().splitlines()
+                check(r.returncode != 0 and len(lines) == 1 and
+                      want in lines[0],
+                      "%s: exit %d, %r" % (url, r.returncode, r.stderr))
+                check(not is_mounted(d + "/mnt"), "%s: mounted" % url)
+                check(time.time() - t0 < 20, "%s: took too long" % url)
+
+
+def test_s3():
+    """A single-node Ceph RADOS Gateway: mkzfolio writes the dataset to
+    s3://BUCKET/PREFIX (a big file as a multipart upload), zfolio mounts it
+    with credentials from the environment and from a credentials file:
+    four readers get every byte under a budget far below the data, the
+    tree digest equals the source's; a wrong secret fails the mount with
+    one line; a second mkzfolio to the same place refuses without --force."""
+    require_root_fuse()
+    with tmpdir() as d, stores.Rgw() as rgw:
+        src = d + "/src"
+        os.makedirs(src)
+        files = make_data(src)
+        files["huge/rand.bin"] = rand_bytes(70 * MIB, 9)  # multipart
+        os.makedirs(src + "/huge")
+        with open(src + "/huge/rand.bin", "wb") as f:
+            f.write(files["huge/rand.bin"])
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=rgw.env["AWS_ACCESS_KEY_ID"],
+                   AWS_SECRET_ACCESS_KEY=rgw.env["AWS_SECRET_ACCESS_KEY"],
+                   AWS_REGION=rgw.env["AWS_REGION"],
+                   AWS_ENDPOINT_URL=rgw.endpoint, HOME=d)
+        url = "s3://zfbucket/datasets/one"
+        r = subprocess.run(["curl", "-sf", "-X", "PUT", "--aws-sigv4",
+                            "aws:amz:%s:s3" % rgw.env["AWS_REGION"], "--user",
+                            "%s:%s" % (rgw.env["AWS_ACCESS_KEY_ID"],
+                                       rgw.env["AWS_SECRET_ACCESS_KEY"]),
+                            rgw.endpoint + "/zfbucket"], capture_output=True)
+        check(r.returncode == 0, "bucket: %r" % r)
+        r = subprocess.run([MKZFOLIO, src, url], env=env, capture_output=True,
+                           text=True, timeout=600)
+        check(r.returncode == 0, "mkzfolio to s3: " + r.stderr)
+        r = subprocess.run([MKZFOLIO, "-q", src, url], env=env,
+                           capture_output=True, text=True, timeout=600)
+        check(r.returncode != 0 and "--force" in r.stderr,
+              "a second mkzfolio: %r" % r.stderr)
+        with Mount(url, d + "/mnt", "budget=8M", env=env) as m:
+            read_all(m.mnt, files)
+            check(tree_digest(m.mnt) == tree_digest(src), "tar digest")
+            n = store_counts(m)
+            check(n["failures"] == 0 and n["requests"] > 0, "%r" % n)
+            print("s3: %r" % n)
+        # a credentials file instead of the environment
+        creds = d + "/creds"
+        with open(creds, "w") as f:
+            f.write("[zf]\naws_access_key_id = %s\naws_secret_access_key = %s\n"
+                    % (rgw.env["AWS_ACCESS_KEY_ID"],
+                       rgw.env["AWS_SECRET_ACCESS_KEY"]))
+        env2 = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+        with Mount(url, d + "/mnt", "budget=8M,credentials=%s,profile=zf,"
+                   "endpoint=%s,region=%s" % (creds, rgw.endpoint,
+                                              rgw.env["AWS_REGION"]),
+                   env=env2) as m:
+            with open(os.path.join(m.mnt, "big/text1.log"), "rb") as f:
+                check(f.read() == files["big/text1.log"], "with a file")
+        bad = dict(env, AWS_SECRET_ACCESS_KEY="wrong" + "x" * 35)
+        r = subprocess.run([ZFOLIO, url, d + "/mnt", "-f"], env=bad,
+                           capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode != 0 and len(lines) == 1 and
+              "credentials" in lines[0], "wrong secret: %r" % r.stderr)
+        check(rgw.env["AWS_SECRET_ACCESS_KEY"] not in r.stderr and
+              "wrongxxx" not in r.stderr, "a secret in the message")
+        check(not is_mounted(d + "/mnt"), "mounted with a wrong secret")
+
+
+if __name__ == "__main__":
+    main(globals(), "test_remote.py")
