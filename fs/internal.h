@@ -82,6 +82,7 @@ int opt_apply(struct options *o, const struct opt_desc *d, const char *val);
 void opt_value_hint(const struct opt_desc *d, char *out, size_t len);
 void options_defaults(struct options *o);
 unsigned int options_kernel_ra_kb(const struct options *o);
+unsigned int options_ra_kb(const struct options *o);
 void options_usage(FILE *out, const char *progname);
 
 enum znode_kind {

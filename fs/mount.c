@@ -568,6 +568,7 @@ static int check_args(struct daemon *d)
 			progname, strerror(errno));
 		return -1;
 	}
+	o->ra_kb = options_ra_kb(o);
 	if (o->ra_kb % 4) {
 		fprintf(stderr, "%s: ra_kb must be a multiple of 4\n",
 			progname);

@@ -527,7 +527,11 @@ static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
 /*
  * cache=kernel: every read is a page-cache fill for the kernel tier, sized
  * by the kernel's own readahead (kernel_ra_kb): zfolio reads just what it
- * asks for, with no second readahead on top.  The kernel has put the
+ * asks for, with no second readahead on top; but for a dataset in a store,
+ * where each read is a request, zfolio's readahead runs on the fills too,
+ * so that a stream's frames come in windows of ra_kb (4 MiB by default),
+ * one request each, into zfolio's cache, and leave it as the kernel's
+ * fills take them whole.  The kernel has put the
  * fill's pages in its page cache before sending the request, so they are
  * charged first: the budget counts fills in flight too.  The fill ends
  * when the kernel has the reply (worker_reply_out(): after the writev on
@@ -540,7 +544,8 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 			off_t off)
 {
 	ktier_fill_begin(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
-	ra_request_init(&w->rq, h->h.file->mapping, NULL, g, w,
+	ra_request_init(&w->rq, h->h.file->mapping,
+			ds->store ? &h->h.ra : NULL, g, w,
 			h->h.base + (uint64_t)off, size, false);
 	w->rq.rq.fill = true;
 	w->rq.rq.tiered = true;

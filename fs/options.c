@@ -48,8 +48,11 @@ const struct opt_desc opt_table[] = {
 	 "a round trip, and zfolio counts what it hands over in the budget "
 	 "and drops it from the page cache to stay under it",
 	 cache_modes, 0, 0},
-	{"ra_kb", OPT_UINT, OFF(ra_kb), "128",
-	 "largest readahead window in KiB, a multiple of 4 (btrfs uses 4096)",
+	{"ra_kb", OPT_UINT, OFF(ra_kb), "auto",
+	 "largest readahead window in KiB, a multiple of 4 (btrfs uses "
+	 "4096); auto is 128, and 4096 for a dataset in a store, where a "
+	 "window is one request and with cache=kernel zfolio reads ahead of "
+	 "the kernel's fills",
 	 NULL, 0, 64 << 10},
 	{"ra_reclaim", OPT_ENUM, OFF(ra_reclaim), "batch",
 	 "at the limit: reclaim once per readahead window, with some "
@@ -65,8 +68,8 @@ const struct opt_desc opt_table[] = {
 	 "the kernel's own readahead and read-around, in KiB; auto is 4 "
 	 "(one page) with cache=engine, so that zfolio reads around into its "
 	 "cache, and 128 with cache=kernel, where it sizes the fills (4096, "
-	 "btrfs's, streams faster and wastes more on random runs; above 128 "
-	 "it takes root)",
+	 "btrfs's, streams faster and wastes more on random runs; 1024 for "
+	 "a dataset in a store; above 128 it takes root)",
 	 NULL, 0, 64 << 10},
 	{"backing_cache", OPT_ENUM, OFF(backing_cache), "drop",
 	 "drop: read backing files uncached (RWF_DONTCACHE, no kernel "
@@ -247,7 +250,17 @@ unsigned int options_kernel_ra_kb(const struct options *o)
 {
 	if (o->kernel_ra_kb != OPT_UINT_AUTO)
 		return o->kernel_ra_kb;
-	return o->cache == CACHE_ENGINE ? 4 : 128;
+	if (o->cache == CACHE_ENGINE)
+		return 4;
+	return o->dataset && store_is_url(o->dataset) ? 1024 : 128;
+}
+
+/* ra_kb, auto resolved: KiB of zfolio's largest readahead window. */
+unsigned int options_ra_kb(const struct options *o)
+{
+	if (o->ra_kb != OPT_UINT_AUTO)
+		return o->ra_kb;
+	return o->dataset && store_is_url(o->dataset) ? 4096 : 128;
 }
 
 void options_defaults(struct options *o)
