@@ -67,10 +67,13 @@ def install(*pkgs):
 
 
 class Nginx:
-    """nginx serving root at http://127.0.0.1:PORT/."""
+    """nginx serving root at http://127.0.0.1:PORT/, or (upstream=PORT) a
+    reverse proxy in front of another server, for its access log: what
+    requests() and bytes_sent() count."""
 
-    def __init__(self, root):
-        self.root = os.path.abspath(root)
+    def __init__(self, root=None, upstream=None):
+        self.root = os.path.abspath(root) if root else None
+        self.upstream = upstream
         self.dir = None
         self.proc = None
 
@@ -92,7 +95,8 @@ pid %(d)s/nginx.pid;
 error_log %(d)s/error.log;
 events { worker_connections 1024; }
 http {
-    access_log %(d)s/access.log;
+    log_format counts '$status $body_bytes_sent $request_method';
+    access_log %(d)s/access.log counts;
     client_body_temp_path %(d)s/body;
     proxy_temp_path %(d)s/proxy;
     fastcgi_temp_path %(d)s/fastcgi;
@@ -104,31 +108,52 @@ http {
     client_max_body_size 0;
     server {
         listen 127.0.0.1:%(port)d;
-        root %(root)s;
-        location / {
-            dav_methods PUT DELETE;
-            create_full_put_path on;
-        }
+        %(location)s
     }
 }
-""" % {"d": self.dir, "port": self.port, "root": self.root})
+""" % {"d": self.dir, "port": self.port, "location": self._location()})
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         self.proc = subprocess.Popen([nginx, "-c", conf, "-p", self.dir],
                                      stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
+        self.url = "http://127.0.0.1:%d/" % self.port
         if not wait_port(self.port, self.proc):
             self.__exit__(None, None, None)
             raise RuntimeError("nginx did not start")
-        self.url = "http://127.0.0.1:%d/" % self.port
         return self
+
+    def _location(self):
+        if self.upstream:
+            return """root %s;
+        location / {
+            proxy_pass http://127.0.0.1:%d;
+            proxy_set_header Host $http_host;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+        }""" % (self.dir, self.upstream)
+        return """root %s;
+        location / {
+            autoindex on;
+            dav_methods PUT DELETE;
+            create_full_put_path on;
+        }""" % self.root
+
+    def _log(self):
+        try:
+            with open(os.path.join(self.dir, "access.log")) as f:
+                return [line.split() for line in f]
+        except OSError:
+            return []
 
     def requests(self):
         """Requests served so far (lines of the access log)."""
-        try:
-            with open(os.path.join(self.dir, "access.log"), "rb") as f:
-                return sum(1 for _ in f)
-        except OSError:
-            return 0
+        return len(self._log())
+
+    def bytes_sent(self):
+        """Body bytes sent so far."""
+        return sum(int(w[1]) for w in self._log() if len(w) > 1)
 
     def __exit__(self, *exc):
         if self.proc is not None:
