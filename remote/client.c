@@ -272,9 +272,9 @@ static void attempt_end(struct store_client *c, struct xfer *x, CURLcode cc)
 	    ((x->status >= 200 && x->status <= 299) || x->status == 416)) {
 		err = cc == CURLE_OK ? learn_object(x, r) : -EIO;
 		if (err)
-			store_set_error(c, "%s: the server does not answer "
+			store_set_error(c, "the server does not answer "
 					   "range requests (HTTP %ld)",
-					r->obj->name, x->status);
+					x->status);
 		store_easy_release(c, x->h);
 		x->h = NULL;
 		read_done(c, r, err ? err : (int)r->got);
@@ -286,14 +286,13 @@ static void attempt_end(struct store_client *c, struct xfer *x, CURLcode cc)
 				      memory_order_relaxed);
 		atomic_fetch_add_explicit(&s->n_changed, 1,
 					  memory_order_relaxed);
-		store_set_error(c, "%s changed in the store since it was "
-				   "opened", r->obj->name);
+		store_set_error(c, "changed in the store since it was opened");
 		err = -ESTALE;
 	} else if (cc == CURLE_OK && x->status >= 200 && x->status <= 299) {
 		if (!range_ok(x, r)) {
-			store_set_error(c, "%s: the server did not answer the "
+			store_set_error(c, "the server did not answer the "
 					   "range asked for (HTTP %ld)",
-					r->obj->name, x->status);
+					x->status);
 			err = -EIO;
 		} else if (r->got == r->len) {
 			store_easy_release(c, x->h);
@@ -305,11 +304,10 @@ static void attempt_end(struct store_client *c, struct xfer *x, CURLcode cc)
 		}
 	} else if (cc == CURLE_OK) {
 		store_error_code(x->body, x->body_len, code, sizeof(code));
-		store_set_error(c, "%s: HTTP %ld%s%s", r->obj->name, x->status,
+		store_set_error(c, "HTTP %ld%s%s", x->status,
 				code[0] ? " " : "", code);
 	} else {
-		store_set_error(c, "%s: %s", r->obj->name,
-				curl_easy_strerror(cc));
+		store_set_error(c, "%s", curl_easy_strerror(cc));
 	}
 	store_easy_release(c, x->h);
 	x->h = NULL;

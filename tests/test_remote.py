@@ -8,6 +8,7 @@ and over S3 by a single-node Ceph RADOS Gateway, read through zfolio.
 import mmap
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -264,11 +265,17 @@ def test_s3():
                             "aws:amz:%s:s3" % rgw.env["AWS_REGION"], "--user",
                             "%s:%s" % (rgw.env["AWS_ACCESS_KEY_ID"],
                                        rgw.env["AWS_SECRET_ACCESS_KEY"]),
+                            "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD",
                             rgw.endpoint + "/zfbucket"], capture_output=True)
         check(r.returncode == 0, "bucket: %r" % r)
         r = subprocess.run([MKZFOLIO, src, url], env=env, capture_output=True,
                            text=True, timeout=600)
         check(r.returncode == 0, "mkzfolio to s3: " + r.stderr)
+        # a PUT per object, and for the big one (over 64 MiB: 5 parts of
+        # 16 MiB) a create, the parts and a completion
+        m = re.search(r"uploaded (\d+) objects.* in (\d+) requests", r.stderr)
+        check(m and int(m.group(2)) >= int(m.group(1)) + 6,
+              "no multipart upload: " + r.stderr)
         r = subprocess.run([MKZFOLIO, "-q", src, url], env=env,
                            capture_output=True, text=True, timeout=600)
         check(r.returncode != 0 and "--force" in r.stderr,
@@ -301,6 +308,7 @@ def test_s3():
         check(rgw.env["AWS_SECRET_ACCESS_KEY"] not in r.stderr and
               "wrongxxx" not in r.stderr, "a secret in the message")
         check(not is_mounted(d + "/mnt"), "mounted with a wrong secret")
+        print("wrong secret: " + lines[0])
 
 
 if __name__ == "__main__":
