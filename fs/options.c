@@ -50,9 +50,10 @@ const struct opt_desc opt_table[] = {
 	 cache_modes, 0, 0},
 	{"ra_kb", OPT_UINT, OFF(ra_kb), "auto",
 	 "largest readahead window in KiB, a multiple of 4 (btrfs uses "
-	 "4096); auto is 128, and 4096 for a dataset in a store, where a "
-	 "window is one request and with cache=kernel zfolio reads ahead of "
-	 "the kernel's fills",
+	 "4096); auto is 128, and for a dataset in a store, where a window "
+	 "is one request and zfolio reads ahead of the kernel's fills too, "
+	 "a 16th of the budget between 512 and 32768 (16384 at the default "
+	 "budget)",
 	 NULL, 0, 64 << 10},
 	{"ra_reclaim", OPT_ENUM, OFF(ra_reclaim), "batch",
 	 "at the limit: reclaim once per readahead window, with some "
@@ -255,12 +256,25 @@ unsigned int options_kernel_ra_kb(const struct options *o)
 	return o->dataset && store_is_url(o->dataset) ? 1024 : 128;
 }
 
-/* ra_kb, auto resolved: KiB of zfolio's largest readahead window. */
+/*
+ * ra_kb, auto resolved: KiB of zfolio's largest readahead window.  In a
+ * store a window is one request: the bigger, the fewer requests a stream
+ * makes (a 4 MiB window makes ~270 per GB, 16 MiB ~90), but a window is
+ * memory until read: a 16th of the budget leaves room for many readers.
+ */
+#define STORE_RA_MIN_KB 512
+#define STORE_RA_MAX_KB (32 << 10)
 unsigned int options_ra_kb(const struct options *o)
 {
+	uint64_t kb = o->budget / 16 / 1024 / 128 * 128; /* whole frames */
+
 	if (o->ra_kb != OPT_UINT_AUTO)
 		return o->ra_kb;
-	return o->dataset && store_is_url(o->dataset) ? 4096 : 128;
+	if (!o->dataset || !store_is_url(o->dataset))
+		return 128;
+	return kb < STORE_RA_MIN_KB ? STORE_RA_MIN_KB
+	       : kb > STORE_RA_MAX_KB ? STORE_RA_MAX_KB
+				      : (unsigned int)kb;
 }
 
 void options_defaults(struct options *o)
