@@ -389,7 +389,7 @@ static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 {
 	struct ring_read *r = &io->runs[k];
 
-	if (io->sreads && !r->done) { /* by the thread that sent it */
+	if (io->sreads && !r->done) { /* carried by the store's fetcher */
 		r->res = store_read_wait(io->client, &io->sreads[k]);
 		if (r->res < 0)
 			remote_log(f, r->res);
@@ -610,13 +610,9 @@ static void zfile_finish(struct fill_batch *b)
 		return;
 	/* no completion may arrive after its buffer is gone */
 	for (unsigned int k = 0; io->sreads && k < io->nruns; k++)
-		if (!io->sreads[k].done) {
-			/* only its own thread may stop it (never so far: the
-			 * worker waits for the window before sharing it) */
-			if (remote_client() == io->client)
-				store_read_cancel(io->client, &io->sreads[k]);
-			else
-				io->runs[k].orphaned = true;
+		if (!io->runs[k].done) { /* never waited for: stopped now */
+			store_read_cancel(&io->sreads[k]);
+			io->runs[k].done = true;
 		}
 	for (unsigned int k = 0; k < io->nruns; k++) {
 		if (!io->runs[k].done && io->ring)
@@ -633,8 +629,7 @@ static void zfile_finish(struct fill_batch *b)
 	free(io->run);
 	free(io->err);
 	free(io->dontcache);
-	if (!orphaned)
-		free(io->sreads);
+	free(io->sreads);
 	if (io->fd_held)
 		zfile_fd_put(b->mapping->host);
 	free(io);

@@ -9,9 +9,10 @@
  * open fetched, and everything else (decode, verify, budget, readahead,
  * reclaim) is unchanged.
  *
- * Transfers belong to threads: each thread that reads (workers, fill
- * threads never do: a window's reads are in before they fill) has its own
- * client, made when first needed and freed when the thread ends.
+ * Every transfer is the store's fetcher thread's (remote/fetch.c): a
+ * sequential reader's windows share one GET.  A thread keeps a client
+ * only for the reason of its last failure, made when first needed and
+ * freed when the thread ends.
  *
  * Only packed datasets are served from a store: the manifest answers every
  * lookup and listing, so nothing is ever listed in the store.  An object
@@ -78,6 +79,8 @@ void remote_thread_done(void)
 		pthread_setspecific(client_key, NULL);
 		store_client_free(c);
 	}
+	if (client_store) /* its fetcher thread would not live on in a fork */
+		store_idle(client_store);
 }
 
 void remote_close(struct dataset *ds)
@@ -145,6 +148,7 @@ int remote_describe(char *buf, size_t len)
 	store_counts(client_store, &n);
 	text_printf(&t, "store %s\n", store_name(client_store));
 	text_printf(&t, "requests %llu\n", (unsigned long long)n.requests);
+	text_printf(&t, "streams %llu\n", (unsigned long long)n.streams);
 	text_printf(&t, "bytes %llu\n", (unsigned long long)n.bytes);
 	text_printf(&t, "retries %llu\n", (unsigned long long)n.retries);
 	text_printf(&t, "failures %llu\n", (unsigned long long)n.failures);

@@ -16,9 +16,11 @@ struct store {
 	char *userpwd; /* access key:secret, or NULL */
 	struct curl_slist *headers; /* sent with every request */
 	unsigned int retries, timeout_s;
+	struct fetcher *fetcher; /* started with the first read (fetch.c) */
+	pthread_mutex_t fetcher_lock;
 	/* counters: relaxed, each a statistic of its own */
 	atomic_uint_fast64_t n_requests, n_bytes, n_retries, n_failures,
-		n_changed;
+		n_changed, n_streams;
 };
 
 struct store_obj {
@@ -29,6 +31,8 @@ struct store_obj {
 	char etag[128]; /* as the server sent it, quotes included; "" if none */
 	time_t mtime;
 	atomic_bool changed; /* relaxed: a flag for the reader's next open */
+	uint64_t seq_end;    /* the fetcher's: where the last read ended */
+	struct stream *stream; /* the fetcher's: its open stream, or NULL */
 	uint8_t *tail;       /* the object's last tail_len bytes, or NULL */
 	uint64_t tail_off;
 	size_t tail_len;
@@ -44,9 +48,11 @@ struct store_client {
 	CURLM *multi;
 	CURL **idle;         /* easy handles for reuse */
 	unsigned int nidle, idle_cap;
-	struct store_read *reads; /* in flight or waiting to be sent again */
 	char err[STORE_ERR_LEN];
 };
+
+/* fetch.c */
+void fetcher_stop(struct store *s);
 
 /* store.c */
 char *store_url(const struct store *s, const char *name, const char *query);

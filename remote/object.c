@@ -27,6 +27,7 @@ int store_obj_open(struct store_client *c, const char *name, size_t tail,
 	}
 	o->s = c->s;
 	o->size = STORE_SIZE_UNKNOWN;
+	o->seq_end = UINT64_MAX; /* no read yet */
 	r.dst = o->tail;
 	store_read_start(c, o, &r);
 	res = store_read_wait(c, &r);

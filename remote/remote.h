@@ -13,18 +13,22 @@
  *  - struct store_obj: one object as first seen (size, ETag, time).  A
  *    response that shows another size or ETag is a changed object: the read
  *    fails with ESTALE and the object is marked changed.
- *  - struct store_client: one thread's transfers and connections (a curl
- *    multi handle).  Reads are started, then waited for; waiting drives
- *    every transfer of the client, so the reads of a window go out in
- *    parallel over reused connections (HTTP/2 streams where offered).
- *    Transient failures (5xx, 429, resets, timeouts, short bodies) are
- *    retried with backoff, resuming where the body stopped; then EIO.
+ *  - reads: started by any thread, waited for by any thread, carried by
+ *    the store's fetcher, one thread that owns every transfer (fetch.c):
+ *    the reads of a window go out in parallel over connections it keeps
+ *    (HTTP/2 streams where offered), and a file read in sequence is one
+ *    request however many windows it takes (a stream).  Transient failures
+ *    (5xx, 429, resets, timeouts, short bodies) are retried with backoff,
+ *    resuming where the body stopped; then EIO.
+ *  - struct store_client: a thread's handle for error messages, and the
+ *    transfers of uploads (mkzfolio).
  *
  * Secrets never appear in an error message, a log line or the URL.
  */
 #ifndef ZF_REMOTE_H
 #define ZF_REMOTE_H
 
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -62,6 +66,7 @@ const char *store_base_url(const struct store *s);
 
 struct store_counts {
 	uint64_t requests; /* HTTP requests sent, retries included */
+	uint64_t streams;  /* of which GETs read by successive reads */
 	uint64_t bytes;    /* body bytes received */
 	uint64_t retries;  /* requests sent again after a transient failure */
 	uint64_t failures; /* reads that failed after their retries */
@@ -95,24 +100,28 @@ void store_obj_drop_tail(struct store_obj *o);
 struct store_read {
 	uint64_t off, len;
 	uint8_t *dst;
-	int res;   /* once done: the bytes read (len), or -errno */
-	bool done;
-	/* the client's, while in flight */
+	int res;   /* once waited for: the bytes read (len), or -errno */
+	/* the fetcher's, from start until it posts done */
+	sem_t done;
+	atomic_bool cancel;
 	struct store_obj *obj;
-	void *handle;
+	void *handle;          /* its transfer, when it has one of its own */
 	uint64_t got;          /* body bytes in dst */
 	unsigned int attempts; /* sent so far */
 	uint64_t retry_at_ms;  /* waiting to be sent again, or 0 */
-	struct store_read *next; /* on the client's list */
+	struct store_read *next; /* on a list of the fetcher's */
+	char err[160];         /* why it failed */
 };
 
-/* Start r (its off, len and dst set); it is done when store_wait says so. */
+/* Start r (its off, len and dst set): every started read is waited for. */
 void store_read_start(struct store_client *c, struct store_obj *o,
 		      struct store_read *r);
-/* Drive c's transfers until r is done: r->res. */
+/* Wait until r is done: r->res (the reason of a failure in c's error). */
 int store_read_wait(struct store_client *c, struct store_read *r);
-/* Stop r if it is still in flight: then done, -ECANCELED. */
-void store_read_cancel(struct store_client *c, struct store_read *r);
+/* Stop r if it is still in flight; then wait for it (-ECANCELED). */
+void store_read_cancel(struct store_read *r);
+/* Before a fork: the fetcher thread stops (it starts again when needed). */
+void store_idle(struct store *s);
 /* Read len bytes at off now: the bytes read or -errno. */
 ssize_t store_pread(struct store_client *c, struct store_obj *o, void *buf,
 		    size_t len, uint64_t off);

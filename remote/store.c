@@ -354,6 +354,7 @@ int store_open(const char *spec, const struct store_options *o,
 		free(s);
 		return -ENOMEM;
 	}
+	pthread_mutex_init(&s->fetcher_lock, NULL);
 	s->retries = o->retries;
 	s->timeout_s = o->timeout_s ? o->timeout_s : STORE_TIMEOUT_S;
 	s->s3 = !strncmp(spec, "s3://", 5);
@@ -379,6 +380,7 @@ void store_close(struct store *s)
 {
 	if (!s)
 		return;
+	fetcher_stop(s);
 	if (s->userpwd)
 		explicit_bzero(s->userpwd, strlen(s->userpwd));
 	free(s->userpwd);
@@ -404,6 +406,8 @@ void store_counts(const struct store *s, struct store_counts *out)
 	out->requests = atomic_load_explicit(&s->n_requests,
 					     memory_order_relaxed);
 	out->bytes = atomic_load_explicit(&s->n_bytes, memory_order_relaxed);
+	out->streams = atomic_load_explicit(&s->n_streams,
+					    memory_order_relaxed);
 	out->retries = atomic_load_explicit(&s->n_retries,
 					    memory_order_relaxed);
 	out->failures = atomic_load_explicit(&s->n_failures,
