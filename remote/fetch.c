@@ -298,23 +298,59 @@ static int learn_object(struct xfer *x, struct store_read *r)
 	return 0;
 }
 
-/* An opening read's end: the object learnt, or why not. */
-static bool open_end(struct fetcher *F, struct xfer *x, CURLcode cc)
+/*
+ * An opening read's end: whether it is one, and then *res: the bytes got
+ * (the object learnt), or why not.
+ */
+static bool open_end(struct xfer *x, CURLcode cc, int *res)
 {
 	struct store_read *r = x->r;
-	int err;
 
 	if (r->obj->size != STORE_SIZE_UNKNOWN ||
 	    (cc != CURLE_OK && cc != CURLE_WRITE_ERROR) ||
 	    !((x->status >= 200 && x->status <= 299) || x->status == 416))
 		return false;
-	err = cc == CURLE_OK ? learn_object(x, r) : -EIO;
-	if (err)
+	*res = cc == CURLE_OK ? learn_object(x, r) : -EIO;
+	if (*res)
 		set_err(r, "the server does not answer range requests "
 			   "(HTTP %ld)", x->status);
-	list_del(&F->reads, r);
-	complete(F, r, err ? err : (int)r->got);
+	else
+		*res = (int)r->got;
 	return true;
+}
+
+/*
+ * What an attempt's response says: 1 the read is whole, 0 send it again
+ * if the failure is transient (cc says which), or -errno.
+ */
+static int read_outcome(struct xfer *x, CURLcode *cc)
+{
+	struct store_read *r = x->r;
+	char code[64];
+
+	if (x->status >= 200 && x->status <= 299 &&
+	    !same_object(x->h, r->obj)) {
+		set_err(r, "changed in the store since it was opened");
+		return -ESTALE;
+	}
+	if (*cc == CURLE_OK && x->status >= 200 && x->status <= 299) {
+		if (!range_ok(x->h, x->status, r->off + x->got0,
+			      r->len == r->obj->size)) {
+			set_err(r, "the server did not answer the range asked "
+				   "for (HTTP %ld)", x->status);
+			return -EIO;
+		}
+		if (r->got == r->len)
+			return 1;
+		*cc = CURLE_PARTIAL_FILE; /* short: send the rest */
+		set_err(r, "a body shorter than asked for");
+	} else if (*cc == CURLE_OK) {
+		store_error_code(x->body, x->body_len, code, sizeof(code));
+		set_err(r, "HTTP %ld%s%s", x->status, code[0] ? " " : "", code);
+	} else {
+		set_err(r, "%s", curl_easy_strerror(*cc));
+	}
+	return 0;
 }
 
 /* What became of an attempt: done (final), or sent again later. */
@@ -322,55 +358,35 @@ static void read_end(struct fetcher *F, struct xfer *x, CURLcode cc)
 {
 	struct store_read *r = x->r;
 	struct store *s = F->s;
-	char code[64];
-	int err = 0;
+	bool final = true;
+	int res;
 
 	curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
 	curl_multi_remove_handle(F->c->multi, x->h);
 	atomic_fetch_add_explicit(&s->n_bytes, r->got - x->got0,
 				  memory_order_relaxed);
-	if (open_end(F, x, cc)) {
-		store_easy_release(F->c, x->h);
-		return;
+	if (!open_end(x, cc, &res)) {
+		res = read_outcome(x, &cc);
+		final = res != 0;
+		if (res == -ESTALE)
+			mark_changed(F, r->obj);
+		else if (res == 1)
+			res = (int)r->len;
 	}
-	if (x->status >= 200 && x->status <= 299 &&
-	    !same_object(x->h, r->obj)) {
-		mark_changed(F, r->obj);
-		set_err(r, "changed in the store since it was opened");
-		err = -ESTALE;
-	} else if (cc == CURLE_OK && x->status >= 200 && x->status <= 299) {
-		if (!range_ok(x->h, x->status, r->off + x->got0,
-			      r->len == r->obj->size)) {
-			set_err(r, "the server did not answer the range asked "
-				   "for (HTTP %ld)", x->status);
-			err = -EIO;
-		} else if (r->got == r->len) {
-			store_easy_release(F->c, x->h);
-			list_del(&F->reads, r);
-			complete(F, r, (int)r->len);
-			return;
-		} else {
-			cc = CURLE_PARTIAL_FILE; /* short: send the rest */
-		}
-	} else if (cc == CURLE_OK) {
-		store_error_code(x->body, x->body_len, code, sizeof(code));
-		set_err(r, "HTTP %ld%s%s", x->status, code[0] ? " " : "", code);
-	} else {
-		set_err(r, "%s", curl_easy_strerror(cc));
-	}
+	/* the handle goes before the read is done: done frees x */
 	store_easy_release(F->c, x->h);
 	x->h = NULL;
-	if (!err && store_transient(cc, x->status) &&
+	if (!final && store_transient(cc, x->status) &&
 	    r->attempts <= s->retries) {
 		atomic_fetch_add_explicit(&s->n_retries, 1,
 					  memory_order_relaxed);
 		r->retry_at_ms = store_now_ms() + store_backoff_ms(r->attempts);
 		return;
 	}
-	if (!err)
-		err = cc == CURLE_OK ? store_status_errno(x->status) : -EIO;
+	if (!final)
+		res = cc == CURLE_OK ? store_status_errno(x->status) : -EIO;
 	list_del(&F->reads, r);
-	complete(F, r, err);
+	complete(F, r, res);
 }
 
 /* --- streams --- */
