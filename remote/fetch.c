@@ -328,8 +328,9 @@ static int read_outcome(struct xfer *x, CURLcode *cc)
 	struct store_read *r = x->r;
 	char code[64];
 
-	if (x->status >= 200 && x->status <= 299 &&
-	    !same_object(x->h, r->obj)) {
+	/* (an opening read that failed on the way knows no object yet) */
+	if (r->obj->size != STORE_SIZE_UNKNOWN && x->status >= 200 &&
+	    x->status <= 299 && !same_object(x->h, r->obj)) {
 		set_err(r, "changed in the store since it was opened");
 		return -ESTALE;
 	}
@@ -599,6 +600,12 @@ static void read_begin(struct fetcher *F, struct store_read *r)
 	bool known = o->size != STORE_SIZE_UNKNOWN;
 	bool seq = known && r->off == o->seq_end;
 
+	if (r->forget) { /* the object is going: nothing may point to it */
+		if (o->stream)
+			stream_free(F, o->stream, false);
+		complete(F, r, 0);
+		return;
+	}
 	if (known)
 		o->seq_end = r->off + r->len;
 	if (atomic_load_explicit(&r->cancel, memory_order_relaxed)) {
@@ -728,13 +735,13 @@ static void *fetcher_main(void *arg)
 	return NULL;
 }
 
-static struct fetcher *fetcher_get(struct store *s)
+static struct fetcher *fetcher_get(struct store *s, bool start)
 {
 	struct fetcher *F;
 
 	pthread_mutex_lock(&s->fetcher_lock);
 	F = s->fetcher;
-	if (!F && (F = calloc(1, sizeof(*F)))) {
+	if (!F && start && (F = calloc(1, sizeof(*F)))) {
 		F->s = s;
 		pthread_mutex_init(&F->lock, NULL);
 		F->c = store_client_new(s);
@@ -775,13 +782,50 @@ void store_idle(struct store *s)
 	fetcher_stop(s);
 }
 
+/* Queue r for F (running: the caller holds a reference by fetcher_lock
+ * or has just started it). */
+static void fetcher_queue(struct fetcher *F, struct store_read *r)
+{
+	pthread_mutex_lock(&F->lock);
+	if (F->queue_tail)
+		F->queue_tail->next = r;
+	else
+		F->queue = r;
+	F->queue_tail = r;
+	pthread_mutex_unlock(&F->lock);
+	curl_multi_wakeup(F->c->multi);
+}
+
+/*
+ * The object is going: the fetcher lets go of it first (its stream).  No
+ * fetcher: nothing of it is left (streams end with their fetcher).  The
+ * fetcher lock is held while queueing so that it cannot stop meanwhile.
+ */
+void fetcher_forget(struct store_obj *o)
+{
+	struct store_read r = {.obj = o, .forget = true};
+	struct fetcher *F;
+
+	sem_init(&r.done, 0, 0);
+	pthread_mutex_lock(&o->s->fetcher_lock);
+	F = o->s->fetcher;
+	if (F)
+		fetcher_queue(F, &r);
+	pthread_mutex_unlock(&o->s->fetcher_lock);
+	if (F)
+		store_read_wait(NULL, &r);
+	else
+		sem_destroy(&r.done);
+}
+
 void store_read_start(struct store_client *c, struct store_obj *o,
 		      struct store_read *r)
 {
-	struct fetcher *F = fetcher_get(o->s);
+	struct fetcher *F = fetcher_get(o->s, true);
 
 	(void)c;
 	sem_init(&r->done, 0, 0);
+	r->forget = false;
 	atomic_init(&r->cancel, false);
 	r->obj = o;
 	r->got = 0;
@@ -802,14 +846,7 @@ void store_read_start(struct store_client *c, struct store_obj *o,
 		sem_post(&r->done);
 		return;
 	}
-	pthread_mutex_lock(&F->lock);
-	if (F->queue_tail)
-		F->queue_tail->next = r;
-	else
-		F->queue = r;
-	F->queue_tail = r;
-	pthread_mutex_unlock(&F->lock);
-	curl_multi_wakeup(F->c->multi);
+	fetcher_queue(F, r);
 }
 
 void store_read_cancel(struct store_read *r)

@@ -53,6 +53,7 @@ struct store_client {
 
 /* fetch.c */
 void fetcher_stop(struct store *s);
+void fetcher_forget(struct store_obj *o);
 
 /* store.c */
 char *store_url(const struct store *s, const char *name, const char *query);

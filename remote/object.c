@@ -43,6 +43,8 @@ void store_obj_free(struct store_obj *o)
 {
 	if (!o)
 		return;
+	if (o->s)
+		fetcher_forget(o);
 	free(o->tail);
 	free(o->url);
 	free(o->name);

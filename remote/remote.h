@@ -104,6 +104,7 @@ struct store_read {
 	/* the fetcher's, from start until it posts done */
 	sem_t done;
 	atomic_bool cancel;
+	bool forget;           /* not a read: the object's stream goes */
 	struct store_obj *obj;
 	void *handle;          /* its transfer, when it has one of its own */
 	uint64_t got;          /* body bytes in dst */
