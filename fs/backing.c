@@ -704,28 +704,6 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
  * it is read in part again.
  */
 
-/* The reads of one part read from a store: in parallel. */
-static int part_io_remote(struct zfile *f, struct ring_read *rr, int n)
-{
-	struct store_client *c = remote_client();
-	struct store_read sr[3];
-
-	if (!c || n > 3)
-		return -ENOMEM;
-	for (int i = 0; i < n; i++) {
-		sr[i] = (struct store_read){
-			.off = rr[i].off, .len = rr[i].len, .dst = rr[i].dst};
-		store_read_start(c, f->obj, &sr[i]);
-	}
-	for (int i = 0; i < n; i++) {
-		rr[i].res = store_read_wait(c, &sr[i]);
-		if (rr[i].res < 0)
-			remote_log(f, rr[i].res);
-		rr[i].done = true;
-	}
-	return 0;
-}
-
 /*
  * The reads of one part read, at once on the worker's ring when there are
  * several (one I/O's latency, not two or three), else by pread.  0, or
@@ -735,12 +713,9 @@ static int part_io_remote(struct zfile *f, struct ring_read *rr, int n)
 static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 		   int n, void *block)
 {
-	struct ring *ring = n > 1 && !f->obj ? ring_of(io_ctx) : NULL;
+	struct ring *ring = n > 1 ? ring_of(io_ctx) : NULL;
 	bool dc = atomic_load_explicit(&f->dontcache, memory_order_relaxed);
 	bool orphaned = false;
-
-	if (f->obj)
-		return part_io_remote(f, rr, n);
 
 	for (int i = 0; i < n; i++) {
 		rr[i].done = false;
@@ -872,7 +847,9 @@ static int zfile_read_part(struct mapping *m, void *io_ctx,
 	struct zfile *f = m->host;
 	int r;
 
-	if (!f->parts || index >= f->nslots)
+	/* in a store a request costs more than a frame's bytes: one request
+	 * for the frame, not three for its pieces */
+	if (!f->parts || index >= f->nslots || f->obj)
 		return -EAGAIN;
 	/* a compressed frame (never smaller than its content if raw) */
 	if (f->idx.kind != ZSEEK_RAW &&
