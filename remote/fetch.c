@@ -49,6 +49,13 @@
 #define STREAM_SKIP_MAX (1u << 20)
 /* a stream nobody reads for this long is closed */
 #define STREAM_IDLE_MS 1000
+/*
+ * Streams open at once: each holds a connection (HTTP/1.1 for S3) while
+ * its readers keep coming, and CURLMOPT_MAX_HOST_CONNECTIONS is 16: the
+ * rest stay for reads of their own (and opens), which would otherwise
+ * wait for a stream to end.
+ */
+#define STREAMS_MAX 6
 /* no seq_end yet */
 #define SEQ_NONE UINT64_MAX
 
@@ -63,6 +70,7 @@ struct fetcher {
 	bool stop;                             /* under lock */
 	struct store_read *reads; /* sent alone, or waiting to be sent again */
 	struct stream *streams;
+	unsigned int nstreams;
 };
 
 /* The transfer of a read of its own. */
@@ -72,6 +80,9 @@ struct xfer {
 	CURL *h;
 	long status; /* 0 until the headers are in */
 	uint64_t got0; /* r->got when it was sent */
+	/* the first body byte's verdict: not the bytes asked for (refused,
+	 * never copied), of a changed object, or more than asked for */
+	bool checked, refused, changed, too_long;
 	char range[48];
 	char body[ERR_BODY];
 	size_t body_len;
@@ -99,6 +110,8 @@ struct stream {
 	size_t body_len;
 	struct stream *next;
 };
+
+#define CHANGED "changed in the store since it was opened"
 
 static void set_err(struct store_read *r, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -184,6 +197,25 @@ static void mark_changed(struct fetcher *F, struct store_obj *o)
 /* --- reads of their own --- */
 
 /*
+ * A 2xx response, looked at before its first byte is kept: a 206 from
+ * where this attempt asked, or a 200 (the whole object) when it asked
+ * from 0, of the object as it was opened.  (An opening read knows no
+ * object yet: learn_object() looks at it at the end.)
+ */
+static void read_check(struct xfer *x)
+{
+	struct store_read *r = x->r;
+
+	x->checked = true;
+	if (r->obj->size == STORE_SIZE_UNKNOWN)
+		return;
+	if (!same_object(x->h, r->obj))
+		x->changed = true;
+	else if (!range_ok(x->h, x->status, r->off + x->got0, true))
+		x->refused = true;
+}
+
+/*
  * The body goes to dst while the status is 2xx; an error body is kept (its
  * start) for the reason it gives.  More than asked for stops the transfer.
  */
@@ -203,8 +235,14 @@ static size_t read_body(char *p, size_t size, size_t n, void *arg)
 		x->body_len += k;
 		return len;
 	}
-	if (r->got + len > r->len)
-		return 0; /* more than asked: CURLE_WRITE_ERROR */
+	if (!x->checked) /* before a byte lands in dst */
+		read_check(x);
+	if (x->refused || x->changed)
+		return 0; /* CURLE_WRITE_ERROR; read_outcome() says why */
+	if (r->got + len > r->len) {
+		x->too_long = true;
+		return 0;
+	}
 	memcpy(r->dst + r->got, p, len);
 	r->got += len;
 	return len;
@@ -228,6 +266,7 @@ static int attempt_send(struct fetcher *F, struct store_read *r)
 		return -ENOMEM;
 	x->status = 0;
 	x->body_len = 0;
+	x->checked = x->refused = x->changed = x->too_long = false;
 	if (r->obj->size == STORE_SIZE_UNKNOWN) { /* opening: its tail */
 		r->got = 0;
 		snprintf(x->range, sizeof(x->range), "-%" PRIu64, r->len);
@@ -328,19 +367,17 @@ static int read_outcome(struct xfer *x, CURLcode *cc)
 	struct store_read *r = x->r;
 	char code[64];
 
-	/* (an opening read that failed on the way knows no object yet) */
-	if (r->obj->size != STORE_SIZE_UNKNOWN && x->status >= 200 &&
-	    x->status <= 299 && !same_object(x->h, r->obj)) {
-		set_err(r, "changed in the store since it was opened");
+	if (x->changed) {
+		set_err(r, CHANGED);
 		return -ESTALE;
 	}
+	if (x->refused || x->too_long) {
+		set_err(r, "the server did not answer the range asked for "
+			   "(HTTP %ld%s): does it ignore Range?",
+			x->status, x->too_long ? ", a longer body" : "");
+		return -EIO;
+	}
 	if (*cc == CURLE_OK && x->status >= 200 && x->status <= 299) {
-		if (!range_ok(x->h, x->status, r->off + x->got0,
-			      r->len == r->obj->size)) {
-			set_err(r, "the server did not answer the range asked "
-				   "for (HTTP %ld)", x->status);
-			return -EIO;
-		}
 		if (r->got == r->len)
 			return 1;
 		*cc = CURLE_PARTIAL_FILE; /* short: send the rest */
@@ -499,6 +536,7 @@ static struct stream *stream_open(struct fetcher *F, struct store_obj *o,
 	o->stream = s;
 	s->next = F->streams;
 	F->streams = s;
+	F->nstreams++;
 	return s;
 }
 
@@ -547,8 +585,24 @@ static bool stream_take(struct stream *s, struct store_read *r)
 	return true;
 }
 
-/* The stream goes; its readers that are not done go on requests of their
- * own, from where each stopped (ESTALE if the object changed). */
+/* r is done, cancelled: its transfer (if it has one of its own) first. */
+static void complete_cancelled(struct fetcher *F, struct store_read *r)
+{
+	struct xfer *x = r->handle;
+
+	if (x && x->h) {
+		curl_multi_remove_handle(F->c->multi, x->h);
+		store_easy_release(F->c, x->h);
+		x->h = NULL;
+	}
+	complete(F, r, -ECANCELED);
+}
+
+/*
+ * The stream goes; its readers that are not done go on requests of their
+ * own, from where each stopped: at once, or (failed: retry) after a
+ * backoff; ESTALE if the object changed; cancelled ones are done.
+ */
 static void stream_free(struct fetcher *F, struct stream *s, bool retry)
 {
 	struct store_read *r;
@@ -558,6 +612,7 @@ static void stream_free(struct fetcher *F, struct stream *s, bool retry)
 			*p = s->next;
 			break;
 		}
+	F->nstreams--;
 	if (s->h) {
 		curl_multi_remove_handle(F->c->multi, s->h);
 		store_easy_release(F->c, s->h);
@@ -566,18 +621,48 @@ static void stream_free(struct fetcher *F, struct stream *s, bool retry)
 	while ((r = s->head)) {
 		s->head = r->next;
 		r->next = NULL;
-		if (store_obj_changed(r->obj)) {
-			set_err(r, "changed in the store since it was opened");
+		if (atomic_load_explicit(&r->cancel, memory_order_relaxed)) {
+			complete_cancelled(F, r);
+		} else if (store_obj_changed(r->obj)) {
+			set_err(r, CHANGED);
 			complete(F, r, -ESTALE);
-			continue;
-		}
-		if (retry)
+		} else if (retry) {
 			atomic_fetch_add_explicit(&F->s->n_retries, 1,
 						  memory_order_relaxed);
-		read_send(F, r);
+			r->attempts++;
+			r->retry_at_ms = store_now_ms() +
+					 store_backoff_ms(r->attempts);
+			r->next = F->reads; /* fetcher_tend() sends it */
+			F->reads = r;
+		} else {
+			read_send(F, r);
+		}
 	}
 	free(s->spill);
 	free(s);
+}
+
+/* Readers of s that were cancelled leave it (it reads through their
+ * bytes); the stream stays for the others. */
+static void stream_drop_cancelled(struct fetcher *F, struct stream *s)
+{
+	struct store_read **p = &s->head, *r;
+	bool dropped = false;
+
+	s->tail = NULL;
+	while ((r = *p)) {
+		if (atomic_load_explicit(&r->cancel, memory_order_relaxed)) {
+			*p = r->next;
+			r->next = NULL;
+			complete_cancelled(F, r);
+			dropped = true;
+			continue;
+		}
+		s->tail = r;
+		p = &r->next;
+	}
+	if (dropped && !s->head)
+		s->idle_since_ms = store_now_ms();
 }
 
 static void stream_end(struct fetcher *F, struct stream *s, CURLcode cc)
@@ -593,6 +678,30 @@ static void stream_end(struct fetcher *F, struct stream *s, CURLcode cc)
 }
 
 /* --- the loop --- */
+
+/*
+ * Whether a stream may open for o: its old one, if nobody reads it (the
+ * reader jumped), and else the least recently idle of all, give way when
+ * STREAMS_MAX are open.
+ */
+static bool stream_room(struct fetcher *F, struct store_obj *o)
+{
+	struct stream *s, *oldest = NULL;
+
+	if (o->stream && o->stream->head)
+		return false;
+	if (o->stream)
+		stream_free(F, o->stream, false);
+	if (F->nstreams < STREAMS_MAX)
+		return true;
+	for (s = F->streams; s; s = s->next)
+		if (!s->head && (!oldest ||
+				 s->idle_since_ms < oldest->idle_since_ms))
+			oldest = s;
+	if (oldest)
+		stream_free(F, oldest, false);
+	return F->nstreams < STREAMS_MAX;
+}
 
 static void read_begin(struct fetcher *F, struct store_read *r)
 {
@@ -611,13 +720,13 @@ static void read_begin(struct fetcher *F, struct store_read *r)
 	if (atomic_load_explicit(&r->cancel, memory_order_relaxed)) {
 		complete(F, r, -ECANCELED);
 	} else if (store_obj_changed(o)) {
-		set_err(r, "changed in the store since it was opened");
+		set_err(r, CHANGED);
 		complete(F, r, -ESTALE);
 	} else if (!r->len) {
 		complete(F, r, 0);
 	} else if (o->stream && stream_take(o->stream, r)) {
 		return;
-	} else if (seq && !o->stream && stream_open(F, o, r->off) &&
+	} else if (seq && stream_room(F, o) && stream_open(F, o, r->off) &&
 		   stream_take(o->stream, r)) {
 		return;
 	} else {
@@ -635,14 +744,8 @@ static long fetcher_tend(struct fetcher *F)
 	for (r = F->reads; r; r = nx) {
 		nx = r->next;
 		if (atomic_load_explicit(&r->cancel, memory_order_relaxed)) {
-			struct xfer *x = r->handle;
-
-			if (x && x->h) {
-				curl_multi_remove_handle(F->c->multi, x->h);
-				store_easy_release(F->c, x->h);
-			}
 			list_del(&F->reads, r);
-			complete(F, r, -ECANCELED);
+			complete_cancelled(F, r);
 		} else if (r->retry_at_ms && r->retry_at_ms <= now) {
 			if (attempt_send(F, r)) {
 				list_del(&F->reads, r);
@@ -653,15 +756,9 @@ static long fetcher_tend(struct fetcher *F)
 		}
 	}
 	for (s = F->streams; s; s = sn) {
-		bool cancelled = false;
-
 		sn = s->next;
-		for (r = s->head; r && !cancelled; r = r->next)
-			cancelled = atomic_load_explicit(&r->cancel,
-							 memory_order_relaxed);
-		if (cancelled) /* its readers on their own: cancelled there */
-			stream_free(F, s, false);
-		else if (!s->head && now - s->idle_since_ms >= STREAM_IDLE_MS)
+		stream_drop_cancelled(F, s);
+		if (!s->head && now - s->idle_since_ms >= STREAM_IDLE_MS)
 			stream_free(F, s, false);
 		else if (!s->head && s->idle_since_ms + STREAM_IDLE_MS < next)
 			next = s->idle_since_ms + STREAM_IDLE_MS;
@@ -676,14 +773,9 @@ static void fetcher_drain(struct fetcher *F)
 		stream_free(F, F->streams, false); /* readers to F->reads */
 	while (F->reads) {
 		struct store_read *r = F->reads;
-		struct xfer *x = r->handle;
 
-		if (x && x->h) {
-			curl_multi_remove_handle(F->c->multi, x->h);
-			store_easy_release(F->c, x->h);
-		}
 		list_del(&F->reads, r);
-		complete(F, r, -ECANCELED);
+		complete_cancelled(F, r);
 	}
 }
 
@@ -706,9 +798,9 @@ static void *fetcher_main(void *arg)
 		for (; q; q = r) {
 			r = q->next;
 			q->next = NULL;
-			if (stop)
+			if (stop && !q->forget)
 				complete(F, q, -ECANCELED);
-			else
+			else /* a forget frees the object's stream now */
 				read_begin(F, q);
 		}
 		if (stop)
@@ -735,25 +827,23 @@ static void *fetcher_main(void *arg)
 	return NULL;
 }
 
-static struct fetcher *fetcher_get(struct store *s, bool start)
+/* s's fetcher, started if need be; s->fetcher_lock is held. */
+static struct fetcher *fetcher_get(struct store *s)
 {
-	struct fetcher *F;
+	struct fetcher *F = s->fetcher;
 
-	pthread_mutex_lock(&s->fetcher_lock);
-	F = s->fetcher;
-	if (!F && start && (F = calloc(1, sizeof(*F)))) {
-		F->s = s;
-		pthread_mutex_init(&F->lock, NULL);
-		F->c = store_client_new(s);
-		if (!F->c ||
-		    pthread_create(&F->thread, NULL, fetcher_main, F)) {
-			store_client_free(F->c);
-			free(F);
-			F = NULL;
-		}
-		s->fetcher = F;
+	if (F || !(F = calloc(1, sizeof(*F))))
+		return F;
+	F->s = s;
+	pthread_mutex_init(&F->lock, NULL);
+	F->c = store_client_new(s);
+	if (!F->c || pthread_create(&F->thread, NULL, fetcher_main, F)) {
+		store_client_free(F->c);
+		pthread_mutex_destroy(&F->lock);
+		free(F);
+		return NULL;
 	}
-	pthread_mutex_unlock(&s->fetcher_lock);
+	s->fetcher = F;
 	return F;
 }
 
@@ -772,6 +862,7 @@ void fetcher_stop(struct store *s)
 	pthread_mutex_unlock(&F->lock);
 	curl_multi_wakeup(F->c->multi);
 	pthread_join(F->thread, NULL);
+	/* no read is queued once it is off s (the queueing holds the lock) */
 	store_client_free(F->c);
 	pthread_mutex_destroy(&F->lock);
 	free(F);
@@ -782,8 +873,7 @@ void store_idle(struct store *s)
 	fetcher_stop(s);
 }
 
-/* Queue r for F (running: the caller holds a reference by fetcher_lock
- * or has just started it). */
+/* Queue r for F; s->fetcher_lock is held, so F cannot be stopping. */
 static void fetcher_queue(struct fetcher *F, struct store_read *r)
 {
 	pthread_mutex_lock(&F->lock);
@@ -821,7 +911,7 @@ void fetcher_forget(struct store_obj *o)
 void store_read_start(struct store_client *c, struct store_obj *o,
 		      struct store_read *r)
 {
-	struct fetcher *F = fetcher_get(o->s, true);
+	struct fetcher *F;
 
 	(void)c;
 	sem_init(&r->done, 0, 0);
@@ -840,13 +930,16 @@ void store_read_start(struct store_client *c, struct store_obj *o,
 		r->len = r->off >= o->size ? 0
 			 : r->len > o->size - r->off ? o->size - r->off
 						     : r->len;
+	pthread_mutex_lock(&o->s->fetcher_lock);
+	F = fetcher_get(o->s);
+	if (F)
+		fetcher_queue(F, r);
+	pthread_mutex_unlock(&o->s->fetcher_lock);
 	if (!F) {
 		set_err(r, "out of memory");
 		r->res = -ENOMEM;
 		sem_post(&r->done);
-		return;
 	}
-	fetcher_queue(F, r);
 }
 
 void store_read_cancel(struct store_read *r)

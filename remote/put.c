@@ -89,6 +89,8 @@ static int op_send(struct store_client *c, struct op *o)
 	if (!o->h)
 		return -ENOMEM;
 	o->sent = 0;
+	free(o->resp); /* an answer is this attempt's alone */
+	o->resp = NULL;
 	o->resp_len = 0;
 	o->status = 0;
 	o->etag[0] = '\0';
@@ -133,9 +135,12 @@ static void op_end(struct store_client *c, struct op *o, CURLcode cc)
 	curl_multi_remove_handle(c->multi, o->h);
 	store_easy_release(c, o->h);
 	o->h = NULL;
-	/* S3 may answer a completion 200 with an error in the body */
-	if (cc == CURLE_OK && o->status >= 200 && o->status <= 299 &&
-	    !(o->resp && strstr(o->resp, "<Error>"))) {
+	/* S3 may answer a completion 200 with an error in the body, and
+	 * then it is worth sending again; an error status is what it says */
+	bool ok = cc == CURLE_OK && o->status >= 200 && o->status <= 299;
+	bool error_body = ok && o->resp && strstr(o->resp, "<Error>");
+
+	if (ok && !error_body) {
 		o->res = 0;
 		return;
 	}
@@ -147,15 +152,15 @@ static void op_end(struct store_client *c, struct op *o, CURLcode cc)
 	else
 		store_set_error(c, "%s %s: HTTP %ld%s%s", o->method, o->url,
 				o->status, code[0] ? " " : "", code);
-	if ((store_transient(cc, o->status) ||
-	     (o->resp && strstr(o->resp, "<Error>"))) &&
+	if ((store_transient(cc, o->status) || error_body) &&
 	    o->attempts <= c->s->retries) {
 		atomic_fetch_add_explicit(&c->s->n_retries, 1,
 					  memory_order_relaxed);
 		o->retry_at_ms = store_now_ms() + store_backoff_ms(o->attempts);
 		return;
 	}
-	o->res = cc == CURLE_OK ? store_status_errno(o->status) : -EIO;
+	o->res = cc == CURLE_OK && !error_body ? store_status_errno(o->status)
+					       : -EIO;
 }
 
 /* Run ops[0..n) to the end, at most PARALLEL_PARTS at once: 0 or the
@@ -284,17 +289,25 @@ static char *complete_body(struct op *parts, size_t n)
 	return buf;
 }
 
+/* S3's most parts in one upload */
+#define MAX_PARTS 10000
+
 static int put_multipart(struct store_client *c, const char *name, int fd,
 			 uint64_t size)
 {
-	size_t nparts = (size_t)((size + STORE_PART_SIZE - 1) / STORE_PART_SIZE);
+	uint64_t part = STORE_PART_SIZE;
+	size_t nparts;
 	struct op create = {.method = "POST", .fd = -1, .buf = ""};
 	struct op done = {.method = "POST", .fd = -1};
 	struct op abort_op = {.method = "DELETE", .fd = -1, .buf = ""};
-	struct op *parts = calloc(nparts, sizeof(*parts));
+	struct op *parts;
 	char *id = NULL, *qid = NULL, q[512];
 	int r = -ENOMEM;
 
+	while ((size + part - 1) / part > MAX_PARTS)
+		part *= 2;
+	nparts = (size_t)((size + part - 1) / part);
+	parts = calloc(nparts, sizeof(*parts));
 	create.url = store_url(c->s, name, "uploads=");
 	if (!parts || !create.url)
 		goto out;
@@ -312,10 +325,9 @@ static int put_multipart(struct store_client *c, const char *name, int fd,
 	for (size_t i = 0; i < nparts; i++) {
 		parts[i].method = "PUT";
 		parts[i].fd = fd;
-		parts[i].off = i * STORE_PART_SIZE;
-		parts[i].len = size - parts[i].off < STORE_PART_SIZE
-				       ? size - parts[i].off
-				       : STORE_PART_SIZE;
+		parts[i].off = i * part;
+		parts[i].len = size - parts[i].off < part ? size - parts[i].off
+							  : part;
 		snprintf(q, sizeof(q), "partNumber=%zu&uploadId=%s", i + 1,
 			 qid);
 		if (!(parts[i].url = store_url(c->s, name, q)))

@@ -219,7 +219,7 @@ static int s3_base(struct store *s, const struct store_options *o,
 	const char *bp = s->name + 5, *slash = strchr(bp, '/');
 	size_t blen = slash ? (size_t)(slash - bp) : strlen(bp);
 	const char *prefix = slash ? slash + 1 : "";
-	const char *ep = o->endpoint ? o->endpoint
+	const char *ep = o->endpoint && *o->endpoint ? o->endpoint
 			 : env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3")
 						     : env("AWS_ENDPOINT_URL");
 	char *buf = NULL, *bucket;

@@ -39,7 +39,11 @@ static struct server {
 	atomic_uint requests, gets;
 	atomic_uint every_503, every_drop; /* 0: never */
 	atomic_int status;                 /* answer this to all, if set */
+	atomic_int ignore_range; /* the next N GETs: a 200 of it all, cut short */
 	atomic_bool stop;
+	uint8_t *put;                      /* the last PUT's body */
+	atomic_size_t put_len;
+	atomic_uint puts;
 } srv;
 
 static void write_all(int fd, const void *p, size_t n)
@@ -72,6 +76,37 @@ static size_t read_head(int fd, char *buf, size_t cap)
 	return 0;
 }
 
+/* A PUT: its body kept (answered 200), or refused with status. */
+static void answer_put(int fd, const char *head, int status)
+{
+	const char *cl = strstr(head, "Content-Length: ");
+	size_t len = cl ? strtoull(cl + 16, NULL, 10) : 0, got = 0;
+	uint8_t *buf = malloc(len ? len : 1);
+	const char *ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+	char no[128];
+
+	while (got < len) {
+		ssize_t k = recv(fd, buf + got, len - got, 0);
+
+		if (k <= 0)
+			break;
+		got += (size_t)k;
+	}
+	if (status || got < len) {
+		free(buf);
+		snprintf(no, sizeof(no), "HTTP/1.1 %d X\r\nContent-Length: 29"
+			 "\r\n\r\n<Error><Code>x</Code></Error>",
+			 status ? status : 400);
+		write_all(fd, no, strlen(no));
+		return;
+	}
+	free(srv.put);
+	srv.put = buf;
+	atomic_store(&srv.put_len, len);
+	atomic_fetch_add(&srv.puts, 1);
+	write_all(fd, ok, strlen(ok));
+}
+
 static void answer(int fd, const char *head)
 {
 	unsigned int n = atomic_fetch_add(&srv.requests, 1) + 1;
@@ -83,6 +118,11 @@ static void answer(int fd, const char *head)
 	int obj = -1, forced = atomic_load(&srv.status);
 	bool head_only = !strncmp(head, "HEAD ", 5);
 
+	if (!strncmp(head, "PUT ", 4)) {
+		answer_put(fd, head,
+			   forced ? forced : e503 && n % e503 == 0 ? 503 : 0);
+		return;
+	}
 	if (sscanf(head, "%*s /o%63s", path) == 1)
 		obj = atoi(path);
 	if (!head_only)
@@ -109,6 +149,15 @@ static void answer(int fd, const char *head)
 			b = OBJ_SIZE - 1;
 	}
 	len = b - a + 1;
+	if (rg && rg[13] != '-' && atomic_fetch_sub(&srv.ignore_range, 1) > 0) {
+		snprintf(hdr, sizeof(hdr),
+			 "HTTP/1.1 200 OK\r\nETag: %s\r\nContent-Length: "
+			 "%u\r\n\r\n", srv.etag[obj], OBJ_SIZE);
+		write_all(fd, hdr, strlen(hdr));
+		write_all(fd, srv.data[obj], 1000);
+		shutdown(fd, SHUT_RDWR);
+		return;
+	}
 	snprintf(hdr, sizeof(hdr),
 		 "HTTP/1.1 206 Partial\r\nContent-Range: bytes %llu-%llu/%u\r\n"
 		 "ETag: %s\r\nContent-Length: %llu\r\n\r\n",
@@ -378,7 +427,50 @@ static void test_errors(void)
 	store_counts(s, &n);
 	CHECK_EQ(n.changed, 1);
 	snprintf(srv.etag[0], sizeof(srv.etag[0]), "\"v1-0\"");
+	store_obj_free(o); /* changed for good: opened again */
+	o = open_obj(c, 0);
+	/* a server (a proxy) that ignores Range once, and cuts the body
+	 * short: the start of the object is never taken for the range, and
+	 * the read resumed from it (the next answer is right) */
+	{
+		uint8_t *big = malloc(100000);
+
+		atomic_store(&srv.ignore_range, 1);
+		CHECK_EQ(store_pread(c, o, big, 100000, 400000), -EIO);
+		CHECK(strstr(store_client_error(c), "Range") != NULL);
+		free(big);
+	}
+	atomic_store(&srv.ignore_range, 0);
+	CHECK(read_ok(c, o, 0, 0, 100));
 	store_obj_free(o);
+	store_client_free(c);
+	store_close(s);
+}
+
+static void test_put(void)
+{
+	struct store *s = open_store(3);
+	struct store_client *c = store_client_new(s);
+	FILE *f = tmpfile();
+
+	CHECK(f && fwrite(srv.data[1], 1, 1 << 20, f) == 1 << 20);
+	fflush(f);
+	/* the first PUT's turn is a 503 with an XML body: sent again, fine */
+	atomic_store(&srv.requests, 1); /* the PUT is request 2 */
+	atomic_store(&srv.every_503, 2);
+	atomic_store(&srv.puts, 0);
+	CHECK_EQ(store_put_file(c, "up/x", fileno(f), 1 << 20), 0);
+	atomic_store(&srv.every_503, 0);
+	CHECK_EQ(atomic_load(&srv.puts), 1);
+	CHECK_EQ(atomic_load(&srv.put_len), 1 << 20);
+	CHECK(srv.put && !memcmp(srv.put, srv.data[1], 1 << 20));
+	/* refused for good (403): not sent again */
+	atomic_store(&srv.status, 403);
+	atomic_store(&srv.requests, 0);
+	CHECK_EQ(store_put_file(c, "up/x", fileno(f), 1 << 20), -EACCES);
+	CHECK_EQ(atomic_load(&srv.requests), 1);
+	atomic_store(&srv.status, 0);
+	fclose(f);
 	store_client_free(c);
 	store_close(s);
 }
@@ -446,6 +538,7 @@ int main(void)
 	RUN(test_stream);
 	RUN(test_faults);
 	RUN(test_errors);
+	RUN(test_put);
 	RUN(test_threads);
 	server_stop();
 	return check_done();

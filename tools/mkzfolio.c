@@ -28,7 +28,6 @@ struct cli {
 	const char *src, *dst;
 	bool force, quiet, small_set;
 	struct store_options store; /* DST in a store */
-	char *tmp;                  /* where a dataset for a store is packed */
 };
 
 static void usage(FILE *out)
@@ -251,9 +250,33 @@ static void check_paths(const struct cli *cli, struct stat *sst, char *rsrc,
 		    cli->dst);
 }
 
+/* The temporary directory of a dataset for a store, until it is gone. */
+static char *tmp_dir;
+
+static void tmp_remove(void)
+{
+	char *argv[] = {"rm", "-rf", "--", tmp_dir, NULL};
+	pid_t pid;
+	int st;
+
+	if (!tmp_dir)
+		return;
+	pid = fork();
+	if (pid == 0) {
+		execvp("rm", argv);
+		_exit(127);
+	}
+	if (pid < 0 || waitpid(pid, &st, 0) < 0 || st)
+		fprintf(stderr, "%s: could not remove %s\n", progname,
+			tmp_dir);
+	free(tmp_dir);
+	tmp_dir = NULL;
+}
+
 /*
  * DST in a store: checked now (credentials, an existing dataset), packed
- * into a temporary directory, uploaded at the end.
+ * into a temporary directory (removed at exit, also when a step fails),
+ * uploaded at the end.
  */
 static void store_prepare(struct cli *cli, const struct packer *pk)
 {
@@ -263,28 +286,13 @@ static void store_prepare(struct cli *cli, const struct packer *pk)
 		die("a store takes the packed layout only");
 	cli->store.retries = STORE_RETRIES;
 	upload_check(cli->dst, &cli->store, cli->force);
-	if (asprintf(&cli->tmp, "%s/mkzfolio-XXXXXX",
+	if (asprintf(&tmp_dir, "%s/mkzfolio-XXXXXX",
 		     tmp && *tmp ? tmp : "/var/tmp") < 0 ||
-	    !mkdtemp(cli->tmp))
+	    !mkdtemp(tmp_dir))
 		die("a temporary directory: %s", strerror(errno));
-	cli->dst = cli->tmp;
-}
-
-static void store_finish(struct cli *cli, const char *url)
-{
-	char *argv[] = {"rm", "-rf", "--", cli->tmp, NULL};
-	pid_t pid;
-	int st;
-
-	upload_dataset(cli->tmp, url, &cli->store, cli->quiet);
-	pid = fork();
-	if (pid == 0) {
-		execvp("rm", argv);
-		_exit(127);
-	}
-	if (pid < 0 || waitpid(pid, &st, 0) < 0 || st)
-		warn("could not remove %s", cli->tmp);
-	free(cli->tmp);
+	atexit(tmp_remove);
+	die_hook = tmp_remove;
+	cli->dst = tmp_dir;
 }
 
 static int open_dir(const char *path)
@@ -377,6 +385,6 @@ int main(int argc, char **argv)
 	close(src.fd);
 	close(dst.fd);
 	if (url)
-		store_finish(&cli, url);
+		upload_dataset(tmp_dir, url, &cli.store, cli.quiet);
 	return 0;
 }

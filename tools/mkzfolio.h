@@ -99,6 +99,8 @@ void upload_check(const char *url, const struct store_options *o, bool force);
 void upload_dataset(const char *dir, const char *url,
 		    const struct store_options *o, bool quiet);
 
+/* run by die() before it exits */
+extern void (*die_hook)(void);
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 char *join(const char *dir, const char *name);

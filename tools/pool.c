@@ -24,6 +24,8 @@ static void report(const char *fmt, va_list ap)
 	fputc('\n', stderr);
 }
 
+void (*die_hook)(void);
+
 void die(const char *fmt, ...)
 {
 	va_list ap;
@@ -31,8 +33,11 @@ void die(const char *fmt, ...)
 	va_start(ap, fmt);
 	report(fmt, ap);
 	va_end(ap);
-	/* what the pack held dies with it: no leak checks, no cleanup */
+	/* what the pack held dies with it: no leak checks, no cleanup but
+	 * the hook's (a temporary directory) */
 	fflush(stdout);
+	if (die_hook)
+		die_hook();
 	_exit(1);
 }
 
