@@ -16,17 +16,25 @@
  * Reclaim from both tiers, each in proportion to what it holds: folios
  * (lru.c) and, with cache=kernel, the page cache's chunks (ktier.c).  A
  * folio handed whole to the kernel has already left (read.c), so what the
- * folio LRU keeps is frames still serving neighbouring fills.  Whatever
- * one tier cannot give, the other is asked for.
+ * folio LRU keeps is frames still serving neighbouring fills, and
+ * readahead not read yet (a dataset in a store reads ahead of the fills):
+ * the youngest pages of all, and the next a stream needs, so they count
+ * for no share; a tier's ages are not the other's, and the kernel's one
+ * LRU would take the old fills first.  Whatever one tier cannot give, the
+ * other is asked for.
  */
 static unsigned long cache_shrink(struct group *g, unsigned long nr,
 				  unsigned long *scanned, void *priv)
 {
 	unsigned long k = ktier_pages(g), e, nk, got, kscanned = 0;
+	long unread;
 
 	if (!k)
 		return lru_shrink(g, nr, scanned, priv);
 	e = lru_pages(g);
+	unread = stat_read(g, STAT_RA_UNREAD);
+	e -= unread <= 0 ? 0 : (unsigned long)unread < e ? (unsigned long)unread
+							  : e;
 	nk = (unsigned long)(((unsigned long long)nr * k + k + e - 1) /
 			     (k + e));
 	got = ktier_shrink(g, nk, &kscanned);

@@ -188,9 +188,19 @@ static void folio_first_access(struct folio *f, unsigned int old_flags)
 	if (!(old_flags & (1u << FOLIO_SPECULATIVE)))
 		return;
 	stat_mod(f->group, STAT_RA_HITS, f->nr_pages);
+	stat_mod(f->group, STAT_RA_UNREAD, -(long)f->nr_pages);
 	ops = cache_of_group(f->group)->ra_ops;
 	if (ops && ops->folio_used)
 		ops->folio_used(f);
+}
+
+/* The folio was read (once is enough): a readahead hit if it was one. */
+void folio_mark_read(struct folio *f)
+{
+	unsigned int old = atomic_fetch_or(&f->flags, 1u << FOLIO_ACCESSED);
+
+	if (!(old & (1u << FOLIO_ACCESSED)))
+		folio_first_access(f, old);
 }
 
 /*
@@ -202,13 +212,8 @@ bool folio_mark_accessed(struct folio *f)
 {
 	unsigned int fl = atomic_load_explicit(&f->flags, memory_order_acquire);
 
-	if (!(fl & (1u << FOLIO_ACCESSED))) {
-		unsigned int old = atomic_fetch_or(&f->flags,
-						   1u << FOLIO_ACCESSED);
-
-		if (!(old & (1u << FOLIO_ACCESSED)))
-			folio_first_access(f, old);
-	}
+	if (!(fl & (1u << FOLIO_ACCESSED)))
+		folio_mark_read(f);
 	if (!(fl & (1u << FOLIO_REFERENCED))) {
 		folio_set(f, FOLIO_REFERENCED);
 		return false;

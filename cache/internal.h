@@ -25,6 +25,7 @@ bool folio_try_get(struct folio *f);
 void folio_unlock(struct folio *f);
 void folio_wait_locked(struct folio *f);
 bool folio_mark_accessed(struct folio *f);
+void folio_mark_read(struct folio *f);
 
 /* lru.c: each group's active and inactive lists (the budget's shrinker) */
 int lru_group_init(struct group *g, void *priv);

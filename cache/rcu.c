@@ -189,8 +189,10 @@ void folio_release_evicted(struct folio *f)
 	unsigned int fl = atomic_load(&f->flags);
 
 	stat_mod(f->group, STAT_FILE, -(long)f->nr_pages);
-	if ((fl & (1u << FOLIO_SPECULATIVE)) && !(fl & (1u << FOLIO_ACCESSED)))
+	if ((fl & (1u << FOLIO_SPECULATIVE)) && !(fl & (1u << FOLIO_ACCESSED))) {
 		stat_mod(f->group, STAT_RA_UNUSED_EVICTED, f->nr_pages);
+		stat_mod(f->group, STAT_RA_UNREAD, -(long)f->nr_pages);
+	}
 	if (fl & (1u << FOLIO_HOT)) {
 		atomic_fetch_add(&c->deferred_pages, f->nr_pages);
 		stat_mod(f->group, STAT_DEFERRED_FREE, f->nr_pages);

@@ -395,6 +395,7 @@ static void read_mark_accessed(struct read_req *rq, struct folio *f,
  */
 static void read_hand_over(struct read_req *rq, struct folio *f)
 {
+	folio_mark_read(f); /* read, if it was read ahead: a hit */
 	if (!lru_remove(f))
 		return;
 	folio_put(f);

@@ -132,6 +132,8 @@ void text_json_string(struct text *t, const char *s);
 	X(RA_HITS, "ra_hits", event, "readahead pages read before eviction")   \
 	X(RA_UNUSED_EVICTED, "ra_unused_evicted", event,                       \
 	  "readahead pages evicted never read")                                \
+	X(RA_UNREAD, "ra_unread", gauge,                                       \
+	  "readahead pages cached and not read yet")                           \
 	X(IO_ERRORS, "io_errors", event, "backing reads that failed")          \
 	X(CORRUPT_FRAMES, "corrupt_frames", event,                             \
 	  "frames that failed to decompress or verify")                        \

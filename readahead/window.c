@@ -144,6 +144,7 @@ static void window_mark(struct ra_request *r, struct ra_pending *p,
 {
 	if (!in_demand(p, f->index)) {
 		folio_set(f, FOLIO_SPECULATIVE);
+		stat_mod(f->group, STAT_RA_UNREAD, f->nr_pages);
 		if (r->readaround)
 			folio_set(f, FOLIO_READAROUND);
 		if (r->readaround && f->index < p->demand_first)

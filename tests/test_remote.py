@@ -128,6 +128,19 @@ def test_http():
                           "more requests counted than nginx served")
                     print("%s: %d requests, %d bytes, file peak %d" %
                           (opts, n["requests"], n["bytes"], st["file"]))
+            # one reader in sequence, the kernel tier in front: one stream
+            # per file, and the readahead it brings is read, not given
+            # back to make room for the kernel's old fills
+            with Mount(web.url + "ds/", d + "/mnt", "budget=8M") as m:
+                for rel in ("big/text0.log", "big/rand.bin"):
+                    with open(os.path.join(m.mnt, rel), "rb") as f:
+                        check(f.read() == files[rel], rel + " differs")
+                st, n = m.stat(), store_counts(m)
+                check(st["ra_unused_evicted"] == 0 and st["ra_hits"] > 0,
+                      "readahead given back unread: %r" % st)
+                check(n["streams"] >= 2 and n["requests"] <= 12,
+                      "sequential reads: %r" % n)
+                print("in sequence: %r" % n)
 
 
 def test_faults():
