@@ -144,10 +144,11 @@ const struct ctl_file ctl_files[] = {
 	 "and entries, and the requests served over io_uring; the same in "
 	 "every group"},
 	{"store", 0444, read_store, NULL,
-	 "a dataset in a store: its address, HTTP requests sent, body bytes "
-	 "received, requests retried, reads failed after their retries, and "
-	 "responses that showed an object changed (\"store none\" for a "
-	 "local dataset); the same in every group"},
+	 "a dataset in a store: its address, HTTP requests sent (streams: "
+	 "those read by successive windows), body bytes received, requests "
+	 "retried, reads failed after their retries, and responses that "
+	 "showed an object changed (\"store none\" for a local dataset); "
+	 "the same in every group"},
 };
 const int nr_ctl_files = (int)(sizeof(ctl_files) / sizeof(ctl_files[0]));
 #define NR_CTL_FILES nr_ctl_files

@@ -56,7 +56,7 @@ struct options {
 	bool lockless;
 	char *ctl;
 	/* a dataset in a store (remote.c): NULL is "from the usual places" */
-	char *endpoint, *region, *credentials, *profile;
+	char *endpoint, *region, *credentials, *profile, *ca;
 	unsigned int retries, timeout;
 	bool foreground;
 	bool debug;

@@ -764,6 +764,7 @@ static void daemon_free(struct daemon *d)
 	free(d->opt.region);
 	free(d->opt.credentials);
 	free(d->opt.profile);
+	free(d->opt.ca);
 	free(d->pc.error);
 }
 

@@ -121,6 +121,10 @@ const struct opt_desc opt_table[] = {
 	 "s3:// datasets: the credentials file's section (auto: AWS_PROFILE, "
 	 "else default)",
 	 NULL, 0, 0},
+	{"ca", OPT_TEXT, OFF(ca), "auto",
+	 "https:// and s3:// datasets: a file of the certificate authorities "
+	 "to trust (a private store's; auto: the system's)",
+	 NULL, 0, 0},
 	{"retries", OPT_UINT, OFF(retries), "5",
 	 "datasets in a store: how many times a request that failed on the "
 	 "way (5xx, reset, timeout) is sent again, with backoff, before the "

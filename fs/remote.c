@@ -45,6 +45,7 @@ int remote_open(struct dataset *ds, char *err, size_t errlen)
 		.region = o->region,
 		.credentials = o->credentials,
 		.profile = o->profile,
+		.ca_file = o->ca,
 		.retries = o->retries,
 		.timeout_s = o->timeout,
 	};

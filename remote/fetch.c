@@ -522,6 +522,11 @@ static struct stream *stream_open(struct fetcher *F, struct store_obj *o,
 	snprintf(s->range, sizeof(s->range), "%" PRIu64 "-%" PRIu64, off,
 		 o->size - 1);
 	curl_easy_setopt(s->h, CURLOPT_RANGE, s->range);
+	/* a connection of its own: libcurl 7.88 pauses an HTTP/2 stream
+	 * badly (readers of the same connection saw wrong bytes and EIO) */
+	curl_easy_setopt(s->h, CURLOPT_HTTP_VERSION,
+			 (long)CURL_HTTP_VERSION_1_1);
+	curl_easy_setopt(s->h, CURLOPT_PIPEWAIT, 0L);
 	curl_easy_setopt(s->h, CURLOPT_WRITEFUNCTION, stream_body);
 	curl_easy_setopt(s->h, CURLOPT_WRITEDATA, s);
 	curl_easy_setopt(s->h, CURLOPT_PRIVATE, s);

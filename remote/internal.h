@@ -15,6 +15,7 @@ struct store {
 	char *sigv4;   /* CURLOPT_AWS_SIGV4, or NULL: anonymous */
 	char *userpwd; /* access key:secret, or NULL */
 	struct curl_slist *headers; /* sent with every request */
+	char *ca_file;              /* CURLOPT_CAINFO, or NULL */
 	unsigned int retries, timeout_s;
 	struct fetcher *fetcher; /* started with the first read (fetch.c) */
 	pthread_mutex_t fetcher_lock;

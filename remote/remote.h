@@ -46,6 +46,8 @@ struct store_options {
 	const char *region;      /* s3: the signing region */
 	const char *credentials; /* s3: a credentials file (ini, as AWS's) */
 	const char *profile;     /* s3: its section */
+	const char *ca_file;     /* https: the CAs to trust (else the
+				  * system's) */
 	unsigned int retries;    /* attempts after the first */
 	unsigned int timeout_s;  /* a transfer without progress this long */
 };

@@ -356,6 +356,11 @@ int store_open(const char *spec, const struct store_options *o,
 	}
 	pthread_mutex_init(&s->fetcher_lock, NULL);
 	s->retries = o->retries;
+	if (o->ca_file && !(s->ca_file = strdup(o->ca_file))) {
+		free(s->name);
+		free(s);
+		return -ENOMEM;
+	}
 	s->timeout_s = o->timeout_s ? o->timeout_s : STORE_TIMEOUT_S;
 	s->s3 = !strncmp(spec, "s3://", 5);
 	if (s->s3) {
@@ -386,6 +391,7 @@ void store_close(struct store *s)
 	free(s->userpwd);
 	free(s->sigv4);
 	curl_slist_free_all(s->headers);
+	free(s->ca_file);
 	free(s->base);
 	free(s->name);
 	free(s);
@@ -439,6 +445,8 @@ CURL *store_easy(struct store_client *c, const char *url)
 	curl_easy_setopt(h, CURLOPT_USERAGENT, "zfolio/" ZF_VERSION);
 	if (s->headers)
 		curl_easy_setopt(h, CURLOPT_HTTPHEADER, s->headers);
+	if (s->ca_file)
+		curl_easy_setopt(h, CURLOPT_CAINFO, s->ca_file);
 	if (s->sigv4) {
 		curl_easy_setopt(h, CURLOPT_AWS_SIGV4, s->sigv4);
 		curl_easy_setopt(h, CURLOPT_USERPWD, s->userpwd);

@@ -71,9 +71,10 @@ class Nginx:
     reverse proxy in front of another server, for its access log: what
     requests() and bytes_sent() count."""
 
-    def __init__(self, root=None, upstream=None):
+    def __init__(self, root=None, upstream=None, tls=False):
         self.root = os.path.abspath(root) if root else None
         self.upstream = upstream
+        self.tls = tls  # https with HTTP/2, a certificate of a CA of its own
         self.dir = None
         self.proc = None
 
@@ -85,6 +86,11 @@ class Nginx:
         self.port = free_port()
         for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             os.mkdir(os.path.join(self.dir, d))
+        listen = "127.0.0.1:%d" % self.port
+        if self.tls:
+            self._certificates()
+            listen += " ssl http2;\n        ssl_certificate %s/srv.crt;\n" \
+                "        ssl_certificate_key %s/srv.key" % (self.dir, self.dir)
         conf = os.path.join(self.dir, "nginx.conf")
         with open(conf, "w") as f:
             f.write("""
@@ -95,7 +101,7 @@ pid %(d)s/nginx.pid;
 error_log %(d)s/error.log;
 events { worker_connections 1024; }
 http {
-    log_format counts '$status $body_bytes_sent $request_method';
+    log_format counts '$status $body_bytes_sent $request_method $server_protocol';
     access_log %(d)s/access.log counts;
     client_body_temp_path %(d)s/body;
     proxy_temp_path %(d)s/proxy;
@@ -107,20 +113,48 @@ http {
     keepalive_timeout 120s;
     client_max_body_size 0;
     server {
-        listen 127.0.0.1:%(port)d;
+        listen %(listen)s;
         %(location)s
     }
 }
-""" % {"d": self.dir, "port": self.port, "location": self._location()})
+""" % {"d": self.dir, "listen": listen, "location": self._location()})
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         self.proc = subprocess.Popen([nginx, "-c", conf, "-p", self.dir],
                                      stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-        self.url = "http://127.0.0.1:%d/" % self.port
+        self.url = "%s://127.0.0.1:%d/" % ("https" if self.tls else "http",
+                                            self.port)
         if not wait_port(self.port, self.proc):
             self.__exit__(None, None, None)
             raise RuntimeError("nginx did not start")
         return self
+
+    def _certificates(self):
+        """A CA of its own (self.ca) and a certificate for 127.0.0.1."""
+        d = self.dir
+        ssl = ["openssl", "req", "-nodes", "-newkey", "ec",
+               "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+        subprocess.run(ssl + ["-x509", "-days", "2", "-keyout", d + "/ca.key",
+                              "-out", d + "/ca.crt", "-subj", "/CN=zfolio test CA"],
+                       check=True, capture_output=True)
+        subprocess.run(ssl + ["-keyout", d + "/srv.key", "-out", d + "/srv.csr",
+                              "-subj", "/CN=127.0.0.1"],
+                       check=True, capture_output=True)
+        with open(d + "/san", "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\n")
+        subprocess.run(["openssl", "x509", "-req", "-in", d + "/srv.csr", "-CA",
+                        d + "/ca.crt", "-CAkey", d + "/ca.key", "-CAcreateserial",
+                        "-days", "2", "-out", d + "/srv.crt", "-extfile",
+                        d + "/san"], check=True, capture_output=True)
+        self.ca = d + "/ca.crt"
+
+    def protocols(self):
+        """How many requests came by each protocol ("HTTP/2.0": n)."""
+        out = {}
+        for w in self._log():
+            if len(w) > 3:
+                out[w[3]] = out.get(w[3], 0) + 1
+        return out
 
     def _location(self):
         if self.upstream:

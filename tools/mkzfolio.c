@@ -53,23 +53,25 @@ static void usage(FILE *out)
 		"  -j, --threads N    compression threads (default: the "
 		"cores)\n"
 		"      --force        write into a DST that is not empty\n"
+		"  -q, --quiet        no progress bar or summary\n"
+		"  -V, --version      print the version and exit\n"
+		"  -h, --help         this help\n"
 		"\nDST may be a store: s3://BUCKET/PREFIX, or an HTTP server "
 		"that takes PUT\n(https://HOST/PATH/).  The dataset is packed "
 		"in $TMPDIR (else /var/tmp),\nthen uploaded, data files first "
 		"and the manifest last; big objects as S3\nmultipart uploads. "
 		"Credentials as zfolio finds them (AWS_ACCESS_KEY_ID and\n"
 		"AWS_SECRET_ACCESS_KEY, ~/.aws/credentials).\n"
-		"      --endpoint URL  the S3 service (default: "
-		"AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL,\n"
-		"                     else AWS)\n"
+		"      --endpoint URL the S3 service (default: "
+		"AWS_ENDPOINT_URL_S3,\n"
+		"                     AWS_ENDPOINT_URL, else AWS)\n"
 		"      --region R     the signing region (default: AWS_REGION, "
 		"else us-east-1)\n"
 		"      --credentials FILE, --profile NAME\n"
 		"                     a credentials file as AWS's, and its "
-		"section\n\n"
-		"  -q, --quiet        no progress bar or summary\n"
-		"  -V, --version      print the version and exit\n"
-		"  -h, --help         this help\n",
+		"section\n"
+		"      --ca FILE      the certificate authorities to trust "
+		"(https)\n",
 		progname);
 }
 
@@ -130,6 +132,7 @@ static const struct option longopts[] = {
 	{"region", required_argument, NULL, 'R'},
 	{"credentials", required_argument, NULL, 'C'},
 	{"profile", required_argument, NULL, 'P'},
+	{"ca", required_argument, NULL, 'A'},
 	{"quiet", no_argument, NULL, 'q'},
 	{"version", no_argument, NULL, 'V'},
 	{"help", no_argument, NULL, 'h'},
@@ -180,6 +183,9 @@ static void parse_options(int argc, char **argv, struct packer *pk,
 			break;
 		case 'P':
 			cli->store.profile = optarg;
+			break;
+		case 'A':
+			cli->store.ca_file = optarg;
 			break;
 		case 'q':
 			cli->quiet = true;

@@ -347,6 +347,33 @@ static const struct kv *find_kv(const struct stats *s, const char *key)
 	return NULL;
 }
 
+/* A dataset in a store: where, and what it has cost (the store file). */
+static void print_store(const char *mnt)
+{
+	char *text = slurp_in(mnt, "", "store"), *line, *save = NULL;
+	char where[512] = "";
+	unsigned long long v[6] = {0};
+	static const char *const keys[] = {"requests", "streams", "bytes",
+					   "retries",  "failures", "changed"};
+
+	for (line = strtok_r(text, "\n", &save); line;
+	     line = strtok_r(NULL, "\n", &save)) {
+		if (!strncmp(line, "store ", 6))
+			snprintf(where, sizeof(where), "%s", line + 6);
+		for (int i = 0; i < 6; i++)
+			if (!strncmp(line, keys[i], strlen(keys[i])) &&
+			    line[strlen(keys[i])] == ' ')
+				v[i] = strtoull(line + strlen(keys[i]) + 1,
+						NULL, 10);
+	}
+	free(text);
+	if (!where[0] || !strcmp(where, "none"))
+		return;
+	printf("  store    %s: %llu requests (%llu streams), %.1f MiB "
+	       "received, %llu retried, %llu failed, %llu changed objects\n",
+	       where, v[0], v[1], (double)v[2] / 1048576.0, v[3], v[4], v[5]);
+}
+
 static void print_limits(const char *mnt)
 {
 	char cur[32], max[32], high[32], peak[32];
@@ -356,8 +383,10 @@ static void print_limits(const char *mnt)
 	read_size_in(mnt, opt.group, "memory.high", high, sizeof(high));
 	read_size_in(mnt, opt.group, "memory.peak", peak, sizeof(peak));
 	printf("zfolio cache at %s, group /%s\n", mnt, opt.group);
-	printf("  memory   %s used of %s (high %s, peak %s)\n\n", cur, max,
+	printf("  memory   %s used of %s (high %s, peak %s)\n", cur, max,
 	       high, peak);
+	print_store(mnt);
+	printf("\n");
 }
 
 /*
