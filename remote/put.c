@@ -226,10 +226,9 @@ static void op_free(struct op *o)
 	free(o->resp);
 }
 
-static int put_whole(struct store_client *c, const char *name, int fd,
-		     uint64_t size)
+/* One request on object name, to its end: 0 or -errno. */
+static int op_once(struct store_client *c, struct op o, const char *name)
 {
-	struct op o = {.method = "PUT", .fd = fd, .len = size};
 	int r;
 
 	o.url = store_url(c->s, name, NULL);
@@ -376,18 +375,14 @@ int store_put_file(struct store_client *c, const char *name, int fd,
 {
 	if (c->s->s3 && size > STORE_MULTIPART_ABOVE)
 		return put_multipart(c, name, fd, size);
-	return put_whole(c, name, fd, size);
+	return op_once(c, (struct op){.method = "PUT", .fd = fd, .len = size},
+		       name);
 }
 
 int store_exists(struct store_client *c, const char *name)
 {
-	struct op o = {.method = "HEAD", .fd = -1, .buf = ""};
-	int r;
+	int r = op_once(c, (struct op){.method = "HEAD", .fd = -1, .buf = ""},
+			name);
 
-	o.url = store_url(c->s, name, NULL);
-	if (!o.url)
-		return -ENOMEM;
-	r = ops_run(c, &o, 1);
-	op_free(&o);
 	return r == 0 ? 1 : r == -ENOENT ? 0 : r;
 }
