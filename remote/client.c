@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
- * A thread's client of a store: a curl multi handle with easy handles for
- * reuse (uploads run on it, and the fetcher has one of its own), and the
- * reason of the last failure, for a message.  Reads go through the
- * store's fetcher (fetch.c); this file only waits for them.
+ * A thread's client of a store: the reason of its last failure, for a
+ * message, and, made when first needed, a curl multi handle with easy
+ * handles for reuse (uploads run on it, and the fetcher has one of its
+ * own): a thread that only waits for reads has none.  Reads go through
+ * the store's fetcher (fetch.c); this file only waits for them.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -18,14 +19,19 @@ struct store_client *store_client_new(struct store *s)
 	if (!c)
 		return NULL;
 	c->s = s;
+	return c;
+}
+
+int store_client_transfers(struct store_client *c)
+{
+	if (c->multi)
+		return 0;
 	c->multi = curl_multi_init();
-	if (!c->multi) {
-		free(c);
-		return NULL;
-	}
+	if (!c->multi)
+		return -ENOMEM;
 	curl_multi_setopt(c->multi, CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
 	curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 16L);
-	return c;
+	return 0;
 }
 
 void store_client_free(struct store_client *c)
@@ -35,7 +41,8 @@ void store_client_free(struct store_client *c)
 	for (unsigned int i = 0; i < c->nidle; i++)
 		curl_easy_cleanup(c->idle[i]);
 	free(c->idle);
-	curl_multi_cleanup(c->multi);
+	if (c->multi)
+		curl_multi_cleanup(c->multi);
 	free(c);
 }
 

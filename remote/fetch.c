@@ -842,7 +842,8 @@ static struct fetcher *fetcher_get(struct store *s)
 	F->s = s;
 	pthread_mutex_init(&F->lock, NULL);
 	F->c = store_client_new(s);
-	if (!F->c || pthread_create(&F->thread, NULL, fetcher_main, F)) {
+	if (!F->c || store_client_transfers(F->c) ||
+	    pthread_create(&F->thread, NULL, fetcher_main, F)) {
 		store_client_free(F->c);
 		pthread_mutex_destroy(&F->lock);
 		free(F);

@@ -46,7 +46,7 @@ struct store_obj {
 
 struct store_client {
 	struct store *s;
-	CURLM *multi;
+	CURLM *multi;        /* NULL until store_client_transfers() */
 	CURL **idle;         /* easy handles for reuse */
 	unsigned int nidle, idle_cap;
 	char err[STORE_ERR_LEN];
@@ -55,6 +55,9 @@ struct store_client {
 /* fetch.c */
 void fetcher_stop(struct store *s);
 void fetcher_forget(struct store_obj *o);
+
+/* client.c: c's multi handle, made if need be: 0 or -ENOMEM */
+int store_client_transfers(struct store_client *c);
 
 /* store.c */
 char *store_url(const struct store *s, const char *name, const char *query);

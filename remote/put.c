@@ -168,8 +168,12 @@ static void op_end(struct store_client *c, struct op *o, CURLcode cc)
 static int ops_run(struct store_client *c, struct op *ops, size_t n)
 {
 	size_t next = 0, live = 0;
-	int err = 0;
+	int err = store_client_transfers(c);
 
+	if (err) {
+		store_set_error(c, "out of memory");
+		return err;
+	}
 	for (size_t i = 0; i < n; i++)
 		ops[i].res = 2; /* not sent yet */
 	while (!err && (next < n || live)) {
