@@ -201,6 +201,12 @@ def test_window():
         dst, files = make_dataset(d)
         names = sorted(files)
         with Mount(dst, d + "/mnt", "cache=kernel,budget=32M,kernel_ra_kb=4096") as m:
+            # the daemon sets it once INIT is answered, which may come just
+            # after the mount shows (a slow ASan daemon read 128 here)
+            for _ in range(100):
+                if bdi_read_ahead_kb(m.mnt) == 4096:
+                    break
+                time.sleep(0.05)
             check(bdi_read_ahead_kb(m.mnt) == 4096,
                   "read_ahead_kb %d, not 4096" % bdi_read_ahead_kb(m.mnt))
             with Sampler(m, names) as s:
