@@ -21,6 +21,13 @@
  * and kept in the kernel's page cache they would be memory outside the
  * budget (and, in a memory cgroup, charged to the daemon).  A filesystem
  * or kernel without the flag gets plain reads, from the first refusal on.
+ * With backing_cache=direct (the default) the reads of a batch go through
+ * the file's O_DIRECT fd instead, widened to DIO_ALIGN at both ends into
+ * an aligned buffer: the device writes the bytes straight into it, where
+ * an uncached read puts them in page-cache pages first, copies them and
+ * drops the pages (about 70 us of CPU against 45 for 40 KiB, on ext4 on a
+ * loop device).  A refusal (EINVAL) turns it off for the file, and that
+ * read is done again the uncached way; short reads are finished so too.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -158,6 +165,8 @@ struct batch_io {
 	int *err;          /* raw files: per folio, the read's result */
 	struct ring_read *runs; /* reads of adjacent frames */
 	bool *dontcache;   /* per run: it was asked uncached */
+	bool *direct;      /* per run: it was asked O_DIRECT, widened */
+	uint64_t *need;    /* per run: the bytes it must get (len if not direct) */
 	unsigned int nruns;
 	struct ring *ring; /* NULL: the reads were done by pread */
 	bool fd_held;      /* zfile_fd_get() succeeded: put at finish */
@@ -237,6 +246,14 @@ static void queue_run(struct zfile *f, struct batch_io *io, unsigned int k)
 					      memory_order_relaxed);
 	ssize_t n;
 
+	if (io->direct[k]) {
+		if (io->ring && ring_queue(io->ring, f->dfd, r, 0) == 0)
+			return;
+		n = pread(f->dfd, r->dst, r->len, (off_t)r->off);
+		r->res = n < 0 ? -errno : (int)fault_apply(n, r->len);
+		r->done = true;
+		return;
+	}
 	if (io->sreads) {
 		io->sreads[k] = (struct store_read){
 			.off = r->off, .len = r->len, .dst = r->dst};
@@ -267,7 +284,10 @@ static int batch_alloc(struct fill_batch *b, struct batch_io **out)
 	io->err = calloc(b->nr, sizeof(*io->err));
 	io->runs = calloc(b->nr, sizeof(*io->runs));
 	io->dontcache = calloc(b->nr, sizeof(*io->dontcache));
-	if (!io->off || !io->run || !io->err || !io->runs || !io->dontcache)
+	io->direct = calloc(b->nr, sizeof(*io->direct));
+	io->need = calloc(b->nr, sizeof(*io->need));
+	if (!io->off || !io->run || !io->err || !io->runs || !io->dontcache ||
+	    !io->direct || !io->need)
 		return -ENOMEM;
 	for (unsigned int i = 0; i < b->nr; i++)
 		io->runs[i].done = true; /* until queued */
@@ -305,11 +325,32 @@ static unsigned int batch_run(struct fill_batch *b, struct zfile *f,
 	return j;
 }
 
+/*
+ * Run k, just made, read O_DIRECT: widened to DIO_ALIGN at both ends (its
+ * place in the buffer is aligned), its folios' frames lead bytes further
+ * in.
+ */
+static void run_widen(struct batch_io *io, unsigned int k, unsigned int i,
+		      unsigned int end)
+{
+	struct ring_read *r = &io->runs[k];
+	uint64_t lead = r->off & (DIO_ALIGN - 1);
+
+	for (; i < end; i++)
+		if (io->run[i] == k)
+			io->off[i] += lead;
+	r->off -= lead;
+	io->need[k] = lead + r->len;
+	r->len = (io->need[k] + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
+	io->direct[k] = true;
+}
+
 static int zfile_submit(struct fill_batch *b)
 {
 	struct zfile *f = b->mapping->host;
 	struct batch_io *io;
-	size_t total = 0, pos = 0;
+	size_t total = 0, pos = 0, frames = 0;
+	bool direct;
 	int err = batch_alloc(b, &io);
 
 	if (!err)
@@ -323,14 +364,23 @@ static int zfile_submit(struct fill_batch *b)
 	for (unsigned int i = 0; i < b->nr && !b->serial; i++)
 		b->serial = b->folios[i] && slot_split(f, b->start + i);
 	for (unsigned int i = 0; i < b->nr; i++)
-		if (batch_frame(b, f, i))
+		if (batch_frame(b, f, i)) {
 			total += batch_frame(b, f, i)->c_size;
+			frames++;
+		}
 	if (!total)
 		return 0;
+	/* each run widened by up to two blocks; the buffer aligned in it */
+	direct = !f->obj && f->dfd >= 0 &&
+		 atomic_load_explicit(&f->direct, memory_order_relaxed);
+	if (direct)
+		total += (2 * frames + 1) * DIO_ALIGN;
 	io->buf = cache_buf_get(b->mapping->cache, total);
 	if (!io->buf)
 		return -ENOMEM;
 	io->buf_len = total;
+	if (direct)
+		pos = (size_t)(-(uintptr_t)io->buf & (DIO_ALIGN - 1));
 	io->ring = f->obj ? NULL : ring_of(b->io_ctx);
 	if (f->obj) {
 		io->client = remote_client();
@@ -344,9 +394,15 @@ static int zfile_submit(struct fill_batch *b)
 			continue;
 		}
 		j = batch_run(b, f, io, i, io->nruns, pos);
-		pos += io->runs[io->nruns].len;
 		stat_mod(b->folios[i]->group, STAT_BACKING_BYTES,
 			 (long)io->runs[io->nruns].len);
+		io->need[io->nruns] = io->runs[io->nruns].len;
+		if (direct) {
+			stat_mod(b->folios[i]->group, STAT_BACKING_DIRECT,
+				 (long)io->runs[io->nruns].len);
+			run_widen(io, io->nruns, i, j);
+		}
+		pos += io->runs[io->nruns].len;
 		queue_run(f, io, io->nruns++);
 	}
 	/* a ring that fails here fails its reads: fill() sees it */
@@ -382,6 +438,29 @@ static void read_complete(struct zfile *f, struct ring_read *r,
 }
 
 /*
+ * An O_DIRECT read that completed, made final: refused (EINVAL), the file
+ * reads without O_DIRECT from now on, and this read is done again so;
+ * short of need (the widened tail past the end of the file is fine), the
+ * rest is read by pread.
+ */
+static void direct_complete(struct zfile *f, struct ring_read *r,
+			    uint64_t need)
+{
+	uint64_t got;
+	ssize_t n;
+
+	if (r->res == -EINVAL) {
+		atomic_store(&f->direct, false);
+		r->res = 0;
+	}
+	if (r->res < 0 || (uint64_t)r->res >= need)
+		return;
+	got = (uint64_t)r->res;
+	n = fd_read(f, r->dst + got, need - got, r->off + got);
+	r->res = n < 0 ? (int)n : (int)(got + (uint64_t)n);
+}
+
+/*
  * Wait until run k has completed, and make its result final (the length,
  * or -errno): later calls, from any thread, only read it.
  */
@@ -401,10 +480,15 @@ static int run_wait(struct zfile *f, struct batch_io *io, unsigned int k)
 		ring_wait(io->ring, r);
 	if (!r->done)
 		return -EIO;
-	if (r->res >= 0 && (uint64_t)r->res == r->len)
+	if (io->direct[k]) {
+		r->res = (int)fault_direct(r->res);
+		direct_complete(f, r, io->need[k]);
+		io->direct[k] = false; /* final: later calls only read it */
+	}
+	if (r->res >= 0 && (uint64_t)r->res >= io->need[k])
 		return 0;
 	read_complete(f, r, &io->dontcache[k]);
-	if (r->res >= 0 && (uint64_t)r->res < r->len)
+	if (r->res >= 0 && (uint64_t)r->res < io->need[k])
 		r->res = -EIO; /* the file is shorter than its index */
 	return r->res < 0 ? r->res : 0;
 }
@@ -629,6 +713,8 @@ static void zfile_finish(struct fill_batch *b)
 	free(io->run);
 	free(io->err);
 	free(io->dontcache);
+	free(io->direct);
+	free(io->need);
 	free(io->sreads);
 	if (io->fd_held)
 		zfile_fd_put(b->mapping->host);

@@ -10,6 +10,8 @@
  *   slow:N          every backing read of file data takes N ms longer
  *   uring_register:N the kernel is made to refuse every Nth FUSE io_uring
  *                   entry (a header buffer too small for it)
+ *   direct_einval:N an O_DIRECT backing read is refused with EINVAL, as by
+ *                   a filesystem that takes O_DIRECT opens but not reads
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -28,6 +30,7 @@ enum fault_mode {
 	FAULT_URING_WAIT,
 	FAULT_SLOW,
 	FAULT_URING_REGISTER,
+	FAULT_DIRECT_EINVAL,
 };
 
 static const char *const fault_names[] = {
@@ -37,6 +40,7 @@ static const char *const fault_names[] = {
 	[FAULT_URING_WAIT] = "uring_wait",
 	[FAULT_SLOW] = "slow",
 	[FAULT_URING_REGISTER] = "uring_register",
+	[FAULT_DIRECT_EINVAL] = "direct_einval",
 };
 
 static enum fault_mode fault_mode;
@@ -51,7 +55,7 @@ void backing_faults_from_env(void)
 
 	if (!s || s[len] != ':' || sscanf(s + len + 1, "%u", &n) != 1 || !n)
 		return;
-	for (int m = FAULT_EIO; m <= FAULT_URING_REGISTER; m++)
+	for (int m = FAULT_EIO; m <= FAULT_DIRECT_EINVAL; m++)
 		if (strlen(fault_names[m]) == len &&
 		    strncmp(s, fault_names[m], len) == 0) {
 			fault_mode = (enum fault_mode)m;
@@ -84,6 +88,12 @@ long fault_apply(long res, uint64_t len)
 	if (fault_due(FAULT_SHORT))
 		return len / 2 ? (long)(len / 2) : res;
 	return res;
+}
+
+/* What an O_DIRECT read that got res returns under the hook. */
+long fault_direct(long res)
+{
+	return fault_due(FAULT_DIRECT_EINVAL) ? -EINVAL : res;
 }
 
 int fault_uring_submit(void)

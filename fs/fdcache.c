@@ -12,10 +12,16 @@
  * The limit: max_open= if set, else half of RLIMIT_NOFILE less a reserve
  * for /dev/fuse, the rings and the dataset root.  Past it (every fd in
  * use), a file is opened anyway and its fd closed as soon as it is idle.
+ *
+ * With backing_cache=direct a file has a second fd, opened O_DIRECT for
+ * its frames (backing.c), with the first when it is first put to use, and
+ * closed with it; both count.  A filesystem that refuses O_DIRECT, or
+ * wants it aligned to more than DIO_ALIGN, turns it off for the file.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -40,7 +46,22 @@ void fd_cache_init(struct fd_cache *c, unsigned int max_open)
 	c->max = max_open > FD_MIN ? max_open : FD_MIN;
 }
 
-/* Close the least recently used idle fd; the cache's lock is held. */
+/* Close f's fds; the cache's lock is held. */
+static void close_fds(struct fd_cache *c, struct zfile *f)
+{
+	if (f->dfd >= 0) {
+		close(f->dfd);
+		f->dfd = -1;
+		c->open--;
+	}
+	if (f->fd >= 0) {
+		close(f->fd);
+		f->fd = -1;
+		c->open--;
+	}
+}
+
+/* Close the least recently used idle fds; the cache's lock is held. */
 static bool close_idle(struct fd_cache *c)
 {
 	struct zfile *f;
@@ -49,9 +70,7 @@ static bool close_idle(struct fd_cache *c)
 		return false;
 	f = cds_list_entry(c->lru.next, struct zfile, fd_link);
 	cds_list_del_init(&f->fd_link);
-	close(f->fd);
-	f->fd = -1;
-	c->open--;
+	close_fds(c, f);
 	return true;
 }
 
@@ -84,6 +103,35 @@ static int reopen(struct fd_cache *c, struct zfile *f)
 	return 0;
 }
 
+/* Whether the filesystem of fd does O_DIRECT at an alignment we keep. */
+static bool dio_aligned(int fd)
+{
+	struct statx sx;
+
+	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx))
+		return false;
+	return (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align &&
+	       sx.stx_dio_offset_align <= DIO_ALIGN &&
+	       sx.stx_dio_mem_align <= DIO_ALIGN;
+}
+
+/* f's O_DIRECT fd, beside its open fd; the cache's lock is held. */
+static void open_direct(struct fd_cache *c, struct zfile *f)
+{
+	struct stat st;
+	int fd = dataset_open_backing(f->ds, f->path, O_RDONLY | O_DIRECT);
+
+	if (fd >= 0 && !fstat(fd, &st) && same_file(&st, &f->st) &&
+	    dio_aligned(fd)) {
+		f->dfd = fd;
+		c->open++;
+		return;
+	}
+	if (fd >= 0)
+		close(fd);
+	atomic_store(&f->direct, false);
+}
+
 /* f's fd, open and in use until zfile_fd_put: 0 or a negative errno. */
 int zfile_fd_get(struct zfile *f)
 {
@@ -95,6 +143,9 @@ int zfile_fd_get(struct zfile *f)
 	pthread_mutex_lock(&c->lock);
 	if (f->fd < 0)
 		r = reopen(c, f);
+	if (!r && f->dfd < 0 &&
+	    atomic_load_explicit(&f->direct, memory_order_relaxed))
+		open_direct(c, f);
 	if (!r && f->fd_users++ == 0)
 		cds_list_del_init(&f->fd_link); /* in use: not idle */
 	pthread_mutex_unlock(&c->lock);
@@ -136,10 +187,6 @@ void zfile_fd_release(struct zfile *f)
 
 	pthread_mutex_lock(&c->lock);
 	cds_list_del_init(&f->fd_link);
-	if (f->fd >= 0) {
-		close(f->fd);
-		f->fd = -1;
-		c->open--;
-	}
+	close_fds(c, f);
 	pthread_mutex_unlock(&c->lock);
 }

@@ -367,7 +367,9 @@ int zfile_create(struct dataset *ds, int fd, struct store_obj *obj,
 	f->pool = &ds->streams;
 	CDS_INIT_LIST_HEAD(&f->stream_link);
 	CDS_INIT_LIST_HEAD(&f->fd_link);
-	atomic_init(&f->dontcache, ds->opt->backing_cache == BACKING_DROP);
+	atomic_init(&f->dontcache, ds->opt->backing_cache != BACKING_KEEP);
+	atomic_init(&f->direct, ds->opt->backing_cache == BACKING_DIRECT && !obj);
+	f->dfd = -1;
 	r = zfile_index(f);
 	if (!r) {
 		f->mapping = mapping_create(&ds->cache, &zfile_mapping_ops, f,

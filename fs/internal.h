@@ -26,7 +26,7 @@
 #include "../remote/remote.h"
 
 enum cache_mode { CACHE_ENGINE, CACHE_KERNEL };
-enum backing_cache { BACKING_DROP, BACKING_KEEP };
+enum backing_cache { BACKING_DROP, BACKING_KEEP, BACKING_DIRECT };
 enum backing_io { BACKING_URING, BACKING_PREAD };
 enum transport { TRANSPORT_AUTO, TRANSPORT_URING, TRANSPORT_DEV };
 /* "auto" for an OPT_UINT whose default is auto */
@@ -94,6 +94,9 @@ enum znode_kind {
 	ZN_CTL_FILE,
 };
 
+/* O_DIRECT reads: offsets, lengths and buffers aligned to this */
+#define DIO_ALIGN 4096u
+
 /*
  * A file's backing state at one moment: its fd, its frame index and the
  * folio geometry built from it.  The mapping's host.  A changed backing
@@ -109,6 +112,10 @@ struct zfile {
 	unsigned int fd_users;
 	struct cds_list_head fd_link; /* on ds->fds.lru while idle */
 	atomic_bool dontcache; /* backing reads with RWF_DONTCACHE */
+	/* frames read with O_DIRECT (at DIO_ALIGN) through dfd, -1 while
+	 * closed, until the filesystem refuses it; opened, closed with fd */
+	atomic_bool direct;
+	int dfd;
 	struct zseek_index idx;
 	bool decode;
 	struct stat st; /* the backing file when it was indexed */
@@ -415,6 +422,7 @@ int zfile_build_geometry(struct zfile *f);
 /* faults.c: the test hook ZFOLIO_TEST_FAULT */
 void backing_faults_from_env(void);
 long fault_apply(long res, uint64_t len);
+long fault_direct(long res);
 int fault_uring_submit(void);
 int fault_uring_wait(void);
 bool fault_uring_register(void);

@@ -19,7 +19,7 @@ static const char *const reclaim_modes[] = {"batch", "per_folio", NULL};
 static const char *const group_modes[] = {"none", "uid", "cgroup", NULL};
 static const char *const readaround_modes[] = {"adaptive", "fixed", "off",
 					       NULL};
-static const char *const backing_modes[] = {"drop", "keep", NULL};
+static const char *const backing_modes[] = {"drop", "keep", "direct", NULL};
 static const char *const io_modes[] = {"uring", "pread", NULL};
 static const char *const transports[] = {"auto", "uring", "dev", NULL};
 static const char *const bool_values[] = {"0", "1", NULL};
@@ -72,10 +72,12 @@ const struct opt_desc opt_table[] = {
 	 "btrfs's, streams faster and wastes more on random runs; 1024 for "
 	 "a dataset in a store; above 128 it takes root)",
 	 NULL, 0, 64 << 10},
-	{"backing_cache", OPT_ENUM, OFF(backing_cache), "drop",
-	 "drop: read backing files uncached (RWF_DONTCACHE, no kernel "
-	 "readahead), so they take no memory outside the budget; keep: let "
-	 "the kernel cache them",
+	{"backing_cache", OPT_ENUM, OFF(backing_cache), "direct",
+	 "direct: read the frames of backing files with O_DIRECT where their "
+	 "filesystem allows it (no page-cache insert and drop, one copy "
+	 "less), else as drop; drop: read them uncached (RWF_DONTCACHE, no "
+	 "kernel readahead), so they take no memory outside the budget; "
+	 "keep: let the kernel cache them",
 	 backing_modes, 0, 0},
 	{"backing_io", OPT_ENUM, OFF(backing_io), "uring",
 	 "backing reads: one io_uring submission per window (uring), or "

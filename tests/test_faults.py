@@ -4,7 +4,7 @@
 files), faults above (signals, unmounts), and what the daemon must never do
 (follow links out of the dataset, open device nodes).
 
-    test_faults.py eio | short | corrupt | changed | signals | security | soak | valgrind
+    test_faults.py eio | short | direct | corrupt | changed | signals | security | soak | valgrind
 """
 import errno
 import json
@@ -94,6 +94,60 @@ def test_short():
             res = read_frames(d + "/mnt/f", data)
             check(all(r == "ok" for r in res.values()), "short reads became errors")
             check(m.stat()["io_errors"] == 0, "io_errors for short reads")
+
+
+def dio_aligned(path):
+    """What zfolio asks of a filesystem before it reads O_DIRECT: statx
+    reports its direct I/O alignment, at most 4 KiB."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)
+    AT_FDCWD, STATX_DIOALIGN = -100, 0x2000
+    if libc.statx(AT_FDCWD, path.encode(), 0, STATX_DIOALIGN, buf):
+        return False
+    mask, mem, off = (struct.unpack_from("I", buf, 0)[0],
+                      *struct.unpack_from("II", buf, 152))
+    return bool(mask & STATX_DIOALIGN) and 0 < off <= 4096 and mem <= 4096
+
+
+def test_direct():
+    """backing_cache=direct (the default) reads frames O_DIRECT where the
+    filesystem allows it, every byte right; a refused O_DIRECT read is done
+    again without it, and the file is read without it from then on;
+    backing_cache=drop reads none so."""
+    require_root_fuse()
+    with tmpdir() as d:
+        data, dst = packed_file(d)
+        can = dio_aligned(next(os.path.join(r, n) for r, _, ns in os.walk(dst)
+                               for n in ns))
+        print("O_DIRECT on the dataset's filesystem: %s" % can)
+        with Mount(dst, d + "/mnt", "budget=2M,cache=engine") as m:
+            with open(d + "/mnt/f", "rb") as f:
+                check(f.read() == data, "content read O_DIRECT")
+            res = read_frames(d + "/mnt/f", data)
+            check(all(r == "ok" for r in res.values()), "O_DIRECT reads failed")
+            st = m.stat()
+            check(st["io_errors"] == 0, "io_errors")
+            if can:
+                check(st["backing_direct_bytes"] == st["backing_bytes"] > 0,
+                      "not every frame read O_DIRECT: %d of %d bytes" % (
+                          st["backing_direct_bytes"], st["backing_bytes"]))
+            else:
+                check(st["backing_direct_bytes"] == 0, "O_DIRECT where refused")
+        with Mount(dst, d + "/mnt", "budget=2M,cache=engine",
+                   env={"ZFOLIO_TEST_FAULT": "direct_einval:1"}) as m:
+            with open(d + "/mnt/f", "rb") as f:
+                check(f.read() == data, "content after O_DIRECT was refused")
+            st = m.stat()
+            check(st["io_errors"] == 0, "a refused O_DIRECT read became an error")
+            if can:
+                check(0 < st["backing_direct_bytes"] < st["backing_bytes"] // 4,
+                      "O_DIRECT kept after a refusal: %d of %d bytes" % (
+                          st["backing_direct_bytes"], st["backing_bytes"]))
+        with Mount(dst, d + "/mnt", "budget=2M,backing_cache=drop") as m:
+            with open(d + "/mnt/f", "rb") as f:
+                check(f.read() == data, "content read uncached")
+            check(m.stat()["backing_direct_bytes"] == 0, "O_DIRECT with drop")
 
 
 def test_corrupt():
