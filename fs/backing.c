@@ -790,11 +790,102 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
  * it is read in part again.
  */
 
+/* The reads of a part read, at most: the probe, a block header, the bytes */
+#define PART_READS 3
+
+static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
+		   int n, void *block);
+
+/*
+ * part_io() O_DIRECT: each read widened to DIO_ALIGN into an aligned
+ * scratch buffer, and its bytes copied out (a few KiB).  A refusal turns
+ * O_DIRECT off for the file and the reads are done again without it.
+ */
+static int part_io_direct(struct zfile *f, void *io_ctx, struct ring_read *rr,
+			  int n, void *block)
+{
+	struct cache *c = f->mapping->cache;
+	struct ring *ring = n > 1 ? ring_of(io_ctx) : NULL;
+	struct ring_read wr[PART_READS];
+	uint64_t lead[PART_READS];
+	size_t total = DIO_ALIGN, pos;
+	bool orphaned = false, refused = false;
+	uint8_t *scratch;
+
+	for (int i = 0; i < n; i++) {
+		lead[i] = rr[i].off & (DIO_ALIGN - 1);
+		wr[i].len = (lead[i] + rr[i].len + DIO_ALIGN - 1) &
+			    ~(uint64_t)(DIO_ALIGN - 1);
+		total += wr[i].len;
+	}
+	scratch = cache_buf_get(c, total);
+	if (!scratch) {
+		atomic_store(&f->direct, false);
+		return part_io(f, io_ctx, rr, n, block);
+	}
+	pos = (size_t)(-(uintptr_t)scratch & (DIO_ALIGN - 1));
+	for (int i = 0; i < n; i++) {
+		wr[i].off = rr[i].off - lead[i];
+		wr[i].dst = scratch + pos;
+		wr[i].done = false;
+		wr[i].orphaned = false;
+		pos += wr[i].len;
+		if (!ring || ring_queue(ring, f->dfd, &wr[i], 0)) {
+			ssize_t got = pread(f->dfd, wr[i].dst, wr[i].len,
+					    (off_t)wr[i].off);
+
+			wr[i].res = got < 0 ? -errno
+					    : (int)fault_apply(got, wr[i].len);
+			wr[i].done = true;
+		}
+	}
+	for (int i = 0; ring && i < n; i++) {
+		if (!wr[i].done)
+			ring_wait(ring, &wr[i]);
+		orphaned |= wr[i].orphaned || !wr[i].done;
+	}
+	if (orphaned) {
+		keep_orphaned(scratch, NULL);
+		return -EIO;
+	}
+	for (int i = 0; i < n; i++) {
+		wr[i].res = (int)fault_direct(wr[i].res);
+		refused |= wr[i].res == -EINVAL;
+	}
+	for (int i = 0; i < n && !refused; i++) {
+		uint64_t got = wr[i].res > (int)lead[i]
+				       ? (uint64_t)wr[i].res - lead[i]
+				       : 0;
+
+		if (wr[i].res < 0) {
+			rr[i].res = wr[i].res;
+			continue;
+		}
+		if (got > rr[i].len)
+			got = rr[i].len;
+		memcpy(rr[i].dst, wr[i].dst + lead[i], got);
+		rr[i].res = (int)got;
+		if (got < rr[i].len) { /* short: the rest by pread */
+			ssize_t more = fd_read(f, rr[i].dst + got,
+					       rr[i].len - got, rr[i].off + got);
+
+			rr[i].res = more < 0 ? (int)more
+					     : (int)(got + (uint64_t)more);
+		}
+	}
+	cache_buf_put(c, scratch, total);
+	if (refused) {
+		atomic_store(&f->direct, false);
+		return part_io(f, io_ctx, rr, n, block);
+	}
+	return 0;
+}
+
 /*
  * The reads of one part read, at once on the worker's ring when there are
- * several (one I/O's latency, not two or three), else by pread.  0, or
- * -EIO if the ring failed with reads in flight: then block, where they
- * land, is the kernel's and is never freed.
+ * several (one I/O's latency, not two or three), else by pread; O_DIRECT
+ * where the file is read so.  0, or -EIO if the ring failed with reads in
+ * flight: then block, where they land, is the kernel's and is never freed.
  */
 static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 		   int n, void *block)
@@ -802,6 +893,10 @@ static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 	struct ring *ring = n > 1 ? ring_of(io_ctx) : NULL;
 	bool dc = atomic_load_explicit(&f->dontcache, memory_order_relaxed);
 	bool orphaned = false;
+
+	if (f->dfd >= 0 &&
+	    atomic_load_explicit(&f->direct, memory_order_relaxed))
+		return part_io_direct(f, io_ctx, rr, n, block);
 
 	for (int i = 0; i < n; i++) {
 		rr[i].done = false;
@@ -855,7 +950,7 @@ static int part_read_frame(struct zfile *f, void *io_ctx,
 	size_t hdr_at = ZSEEK_RAW_PROBE, data_at = hdr_at + HDR_SPAN +
 						  ZSEEK_BLOCK_HEADER;
 	size_t total = data_at + HDR_SPAN + len;
-	struct ring_read rr[3];
+	struct ring_read rr[PART_READS];
 	unsigned int off, h;
 	uint8_t *block;
 	int n = 0, r = 0;

@@ -148,6 +148,30 @@ def test_direct():
             with open(d + "/mnt/f", "rb") as f:
                 check(f.read() == data, "content read uncached")
             check(m.stat()["backing_direct_bytes"] == 0, "O_DIRECT with drop")
+        # raw frames read in part (a few KiB of a frame): O_DIRECT too, and
+        # refused on the first one
+        src = d + "/rsrc"
+        os.makedirs(src)
+        rnd = rand_bytes(8 << 20, 5)
+        with open(src + "/r", "wb") as f:
+            f.write(rnd)
+        pack(src, d + "/rdst")
+        rng = random.Random(3)
+        for fault in ("", "direct_einval:1"):
+            env = {"ZFOLIO_TEST_FAULT": fault} if fault else {}
+            with Mount(d + "/rdst", d + "/mnt", "budget=64M,cache=engine", env=env) as m:
+                fd = os.open(d + "/mnt/r", os.O_RDONLY)
+                try:
+                    for _ in range(40):
+                        off = rng.randrange(len(rnd) - 5000)
+                        check(os.pread(fd, 4096, off) == rnd[off:off + 4096],
+                              "part read at %d (%s)" % (off, fault or "O_DIRECT"))
+                finally:
+                    os.close(fd)
+                st = m.stat()
+                check(st["part_reads"] >= 20 and st["io_errors"] == 0,
+                      "part reads %d, io_errors %d (%s)" % (
+                          st["part_reads"], st["io_errors"], fault or "O_DIRECT"))
 
 
 def test_corrupt():
