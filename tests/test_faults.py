@@ -121,19 +121,21 @@ def test_direct():
         can = dio_aligned(next(os.path.join(r, n) for r, _, ns in os.walk(dst)
                                for n in ns))
         print("O_DIRECT on the dataset's filesystem: %s" % can)
-        with Mount(dst, d + "/mnt", "budget=2M,cache=engine") as m:
-            with open(d + "/mnt/f", "rb") as f:
-                check(f.read() == data, "content read O_DIRECT")
-            res = read_frames(d + "/mnt/f", data)
-            check(all(r == "ok" for r in res.values()), "O_DIRECT reads failed")
-            st = m.stat()
-            check(st["io_errors"] == 0, "io_errors")
-            if can:
-                check(st["backing_direct_bytes"] == st["backing_bytes"] > 0,
-                      "not every frame read O_DIRECT: %d of %d bytes" % (
-                          st["backing_direct_bytes"], st["backing_bytes"]))
-            else:
-                check(st["backing_direct_bytes"] == 0, "O_DIRECT where refused")
+        # on the worker's ring, and by plain pread
+        for io in ("uring", "pread"):
+            with Mount(dst, d + "/mnt", "budget=2M,cache=engine,backing_io=" + io) as m:
+                with open(d + "/mnt/f", "rb") as f:
+                    check(f.read() == data, "content read O_DIRECT (%s)" % io)
+                res = read_frames(d + "/mnt/f", data)
+                check(all(r == "ok" for r in res.values()), "O_DIRECT reads failed")
+                st = m.stat()
+                check(st["io_errors"] == 0, "io_errors")
+                if can:
+                    check(st["backing_direct_bytes"] == st["backing_bytes"] > 0,
+                          "not every frame read O_DIRECT (%s): %d of %d bytes" % (
+                              io, st["backing_direct_bytes"], st["backing_bytes"]))
+                else:
+                    check(st["backing_direct_bytes"] == 0, "O_DIRECT where refused")
         with Mount(dst, d + "/mnt", "budget=2M,cache=engine",
                    env={"ZFOLIO_TEST_FAULT": "direct_einval:1"}) as m:
             with open(d + "/mnt/f", "rb") as f:
