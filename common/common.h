@@ -116,7 +116,7 @@ void text_json_string(struct text *t, const char *s);
 	  "folios filled by decode threads beside the worker that read them") \
 	X(BACKING_BYTES, "backing_bytes", event, "bytes read from backing")    \
 	X(BACKING_DIRECT, "backing_direct_bytes", event,                       \
-	  "of those, whole frames asked for with O_DIRECT")                    \
+	  "of those, frames and plain folios read with O_DIRECT")              \
 	X(DECOMP_BYTES, "decompressed_bytes", event, "bytes decompressed")     \
 	X(CACHE_HITS, "cache_hits", event, "folio lookups that hit")           \
 	X(CACHE_MISSES, "cache_misses", event, "folio lookups that missed")    \

@@ -150,6 +150,26 @@ def test_direct():
             with open(d + "/mnt/f", "rb") as f:
                 check(f.read() == data, "content read uncached")
             check(m.stat()["backing_direct_bytes"] == 0, "O_DIRECT with drop")
+        # a plain file in a directory mounted as it is: its folios straight
+        # into their buffers, the last (not 4 KiB long) uncached
+        plain = d + "/plain"
+        os.makedirs(plain)
+        with open(plain + "/p.txt", "wb") as f:
+            f.write(data)
+        for fault in ("", "direct_einval:1", "short:3"):
+            env = {"ZFOLIO_TEST_FAULT": fault} if fault else {}
+            with Mount(plain, d + "/mnt", "budget=2M,cache=engine", env=env) as m:
+                with open(d + "/mnt/p.txt", "rb") as f:
+                    check(f.read() == data, "plain file (%s)" % (fault or "O_DIRECT"))
+                st = m.stat()
+                check(st["io_errors"] == 0, "plain file: io_errors (%s)" % fault)
+                if can and not fault:
+                    check(st["backing_direct_bytes"] >= len(data) - FRAME,
+                          "plain file not read O_DIRECT: %d of %d bytes" % (
+                              st["backing_direct_bytes"], len(data)))
+                if can and fault.startswith("direct"):
+                    check(st["backing_direct_bytes"] == 0,
+                          "plain file: O_DIRECT kept after a refusal")
         # raw frames read in part (a few KiB of a frame): O_DIRECT too, and
         # refused on the first one
         src = d + "/rsrc"
