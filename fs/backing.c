@@ -841,6 +841,27 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
 /* The reads of a part read, at most: the probe, a block header, the bytes */
 #define PART_READS 3
 
+/*
+ * Wait for the n reads queued on ring (NULL: all were done by pread): 0,
+ * or -EIO if the ring failed with some in flight, and then buf, where they
+ * land, is the kernel's and is kept, never freed.
+ */
+static int part_wait(struct ring *ring, struct ring_read *rr, int n,
+		     void *buf)
+{
+	bool orphaned = false;
+
+	for (int i = 0; ring && i < n; i++) {
+		if (!rr[i].done)
+			ring_wait(ring, &rr[i]);
+		orphaned |= rr[i].orphaned || !rr[i].done;
+	}
+	if (!orphaned)
+		return 0;
+	keep_orphaned(buf, NULL);
+	return -EIO;
+}
+
 static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 		   int n, void *block);
 
@@ -857,7 +878,7 @@ static int part_io_direct(struct zfile *f, void *io_ctx, struct ring_read *rr,
 	struct ring_read wr[PART_READS];
 	uint64_t lead[PART_READS];
 	size_t total = DIO_ALIGN, pos;
-	bool orphaned = false, refused = false;
+	bool refused = false;
 	uint8_t *scratch;
 
 	for (int i = 0; i < n; i++) {
@@ -887,15 +908,8 @@ static int part_io_direct(struct zfile *f, void *io_ctx, struct ring_read *rr,
 			wr[i].done = true;
 		}
 	}
-	for (int i = 0; ring && i < n; i++) {
-		if (!wr[i].done)
-			ring_wait(ring, &wr[i]);
-		orphaned |= wr[i].orphaned || !wr[i].done;
-	}
-	if (orphaned) {
-		keep_orphaned(scratch, NULL);
+	if (part_wait(ring, wr, n, scratch))
 		return -EIO;
-	}
 	for (int i = 0; i < n; i++) {
 		wr[i].res = (int)fault_direct(wr[i].res);
 		refused |= wr[i].res == -EINVAL;
@@ -940,7 +954,6 @@ static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 {
 	struct ring *ring = n > 1 ? ring_of(io_ctx) : NULL;
 	bool dc = atomic_load_explicit(&f->dontcache, memory_order_relaxed);
-	bool orphaned = false;
 
 	if (f->dfd >= 0 &&
 	    atomic_load_explicit(&f->direct, memory_order_relaxed))
@@ -955,15 +968,8 @@ static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 			rr[i].done = true;
 		}
 	}
-	for (int i = 0; ring && i < n; i++) {
-		if (!rr[i].done)
-			ring_wait(ring, &rr[i]);
-		orphaned |= rr[i].orphaned || !rr[i].done;
-	}
-	if (orphaned) {
-		keep_orphaned(block, NULL);
+	if (part_wait(ring, rr, n, block))
 		return -EIO;
-	}
 	for (int i = 0; i < n; i++) {
 		bool asked_dc = dc;
 
