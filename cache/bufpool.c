@@ -11,15 +11,22 @@
  * goes to its class's free list instead of back to the kernel, already
  * faulted in.
  *
- * Idle buffers are few: at most a 16th of the budget's memory.max and
- * 8 MiB (BUF_POOL_MAX), memory of the daemon's fixed overhead like its
- * threads' stacks, shown as the buffer_pool line of memory.stat.  They are
- * not charged to the budget: at its limit the cache evicts a frame to take
- * in the next one, and a charged idle buffer would take the very room the
- * next folio needs, so reclaim would have to unmap it and the new folio map
- * a fresh one, which is what the pool is for avoiding.  Smaller buffers
- * come from malloc; bigger ones than the largest class are mapped each
- * time.
+ * Idle buffers are few, memory of the daemon's fixed overhead like its
+ * threads' stacks, shown as the buffer_pool line of memory.stat: as much as
+ * one reclaim pass frees at once (a 16th of the budget's memory.max, at
+ * most 8 MiB), so that the folios taken in after a pass reuse what it
+ * evicted, plus 8 MiB for the read buffers of the windows in flight, each
+ * as big as the compressed bytes of its window (1.25 MiB for a 1 MiB window
+ * of incompressible data; five or six in flight at once).  With a 16th in
+ * all, those read buffers took the room, and a stream at the limit mapped
+ * and faulted in its buffers afresh: 94,000 page faults for the 49,152
+ * pages of 192 MiB of incompressible data at a 32 MiB budget, and half the
+ * daemon's CPU.  Idle buffers are not charged to the budget:
+ * at its limit the cache evicts a frame to take in the next one, and a
+ * charged idle buffer would take the very room the next folio needs, so
+ * reclaim would have to unmap it and the new folio map a fresh one, which
+ * is what the pool is for avoiding.  Smaller buffers come from malloc;
+ * bigger ones than the largest class are mapped each time.
  */
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -102,8 +109,9 @@ static bool buf_keep(struct cache *c, void *b, int k)
 	unsigned long cap = (unsigned long)counter_max(&c->budget.root.mem) / 16;
 	bool kept = false;
 
-	if (cap > BUF_POOL_MAX >> ZF_PAGE_SHIFT)
-		cap = BUF_POOL_MAX >> ZF_PAGE_SHIFT;
+	if (cap > BUF_POOL_PASS_MAX >> ZF_PAGE_SHIFT)
+		cap = BUF_POOL_PASS_MAX >> ZF_PAGE_SHIFT;
+	cap += BUF_POOL_IO >> ZF_PAGE_SHIFT;
 	pthread_mutex_lock(&p->lock);
 	if (p->idle_pages + pages <= cap) {
 		*(void **)b = p->free[k];

@@ -266,7 +266,11 @@ struct fill_pool {
 
 /* Idle buffers by size class, 16 KiB to 4 MiB, four per power of two. */
 #define BUF_POOL_CLASSES 33
-#define BUF_POOL_MAX (8u << 20) /* idle bytes kept at most */
+/* idle bytes kept at most: what one reclaim pass frees at once (a 16th of
+ * memory.max, at most 8 MiB: accounting/charge.c), and the read buffers of
+ * the windows in flight */
+#define BUF_POOL_PASS_MAX (8u << 20)
+#define BUF_POOL_IO (8u << 20)
 struct buf_pool {
 	pthread_mutex_t lock;
 	void *free[BUF_POOL_CLASSES]; /* lists linked through the first word */

@@ -81,7 +81,7 @@ void text_json_string(struct text *t, const char *s);
 	X(DECODER_WINDOWS, "decoder_windows", gauge,                           \
 	  "windows of stream decoders, for frames served in pieces")           \
 	X(BUF_POOL, "buffer_pool", gauge,                                      \
-	  "idle buffers kept for reuse, not charged (at most 8 MiB)")         \
+	  "idle buffers kept for reuse, not charged (at most 16 MiB)")         \
 	X(PGFAULT, "pgfault", event, "read requests served")                   \
 	X(KERNEL_FILLS, "kernel_fills", event,                                 \
 	  "pages filled into the kernel page cache (cache=kernel)")           \
