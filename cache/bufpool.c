@@ -15,9 +15,10 @@
  * threads' stacks, shown as the buffer_pool line of memory.stat: as much as
  * one reclaim pass frees at once (a 16th of the budget's memory.max, at
  * most 8 MiB), so that the folios taken in after a pass reuse what it
- * evicted, plus 8 MiB for the read buffers of the windows in flight, each
+ * evicted, plus room for the read buffers of the windows in flight, each
  * as big as the compressed bytes of its window (1.25 MiB for a 1 MiB window
- * of incompressible data; five or six in flight at once).  With a 16th in
+ * of incompressible data; five or six in flight at once): 8 MiB, or half
+ * the budget if that is less (windows are no bigger than the budget).  With a 16th in
  * all, those read buffers took the room, and a stream at the limit mapped
  * and faulted in its buffers afresh: 94,000 page faults for the 49,152
  * pages of 192 MiB of incompressible data at a 32 MiB budget, and half the
@@ -106,12 +107,15 @@ static bool buf_keep(struct cache *c, void *b, int k)
 {
 	struct buf_pool *p = &c->bufs;
 	unsigned long pages = class_bytes(k) >> ZF_PAGE_SHIFT;
-	unsigned long cap = (unsigned long)counter_max(&c->budget.root.mem) / 16;
+	unsigned long max = (unsigned long)counter_max(&c->budget.root.mem);
+	unsigned long cap = max / 16, io = max / 2;
 	bool kept = false;
 
 	if (cap > BUF_POOL_PASS_MAX >> ZF_PAGE_SHIFT)
 		cap = BUF_POOL_PASS_MAX >> ZF_PAGE_SHIFT;
-	cap += BUF_POOL_IO >> ZF_PAGE_SHIFT;
+	if (io > BUF_POOL_IO >> ZF_PAGE_SHIFT)
+		io = BUF_POOL_IO >> ZF_PAGE_SHIFT;
+	cap += io;
 	pthread_mutex_lock(&p->lock);
 	if (p->idle_pages + pages <= cap) {
 		*(void **)b = p->free[k];

@@ -268,7 +268,7 @@ struct fill_pool {
 #define BUF_POOL_CLASSES 33
 /* idle bytes kept at most: what one reclaim pass frees at once (a 16th of
  * memory.max, at most 8 MiB: accounting/charge.c), and the read buffers of
- * the windows in flight */
+ * the windows in flight (half of memory.max, at most 8 MiB) */
 #define BUF_POOL_PASS_MAX (8u << 20)
 #define BUF_POOL_IO (8u << 20)
 struct buf_pool {

@@ -206,7 +206,7 @@ def test_buffers():
             check(st["reclaim_passes"] > 0, "the stream did not reach the budget")
             check(faults < pages // 10,
                   "%d of %d pages faulted in again: buffers not reused" % (faults, pages))
-            bound = min(budget // 16, 8 << 20) + (8 << 20)
+            bound = min(budget // 16, 8 << 20) + min(budget // 2, 8 << 20)
             check(st["buffer_pool"] <= bound,
                   "buffer_pool %d over its bound %d" % (st["buffer_pool"], bound))
 
