@@ -186,6 +186,7 @@ void uncharge(struct group *g, unsigned long nr);
 bool reclaim_for_batch(struct group *g, unsigned long nr, bool for_ra);
 unsigned long reclaim_pass(struct group *g, unsigned long nr, bool for_ra);
 int reclaim_proactive(struct group *g, unsigned long nr_pages);
+unsigned long reclaim_headroom_pages(const struct group *g);
 unsigned long reclaim_batch_size(unsigned long target,
 				 unsigned long reclaimed);
 int group_set_max(struct group *g, long max_pages);

@@ -244,16 +244,22 @@ static void expedite(struct group *g)
 /* at most 8 MiB a pass, so a big budget does not evict a lot at once */
 #define RECLAIM_HEADROOM_MAX 2048
 
+/* The pages a pass with headroom frees at g's limit, at the least. */
+unsigned long reclaim_headroom_pages(const struct group *g)
+{
+	unsigned long room = (unsigned long)counter_max(&g->mem) >>
+			     RECLAIM_HEADROOM_SHIFT;
+
+	return room > RECLAIM_HEADROOM_MAX ? RECLAIM_HEADROOM_MAX : room;
+}
+
 static unsigned long reclaim_size(struct group *over, unsigned long nr)
 {
 	unsigned long room;
 
 	if (!over->budget->cfg.reclaim_headroom)
 		return nr;
-	room = (unsigned long)counter_max(&over->mem) >>
-	       RECLAIM_HEADROOM_SHIFT;
-	if (room > RECLAIM_HEADROOM_MAX)
-		room = RECLAIM_HEADROOM_MAX;
+	room = reclaim_headroom_pages(over);
 	return nr > room ? nr : room;
 }
 

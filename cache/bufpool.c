@@ -18,16 +18,16 @@
  * evicted, plus room for the read buffers of the windows in flight, each
  * as big as the compressed bytes of its window (1.25 MiB for a 1 MiB window
  * of incompressible data; five or six in flight at once): 8 MiB, or half
- * the budget if that is less (windows are no bigger than the budget).  With a 16th in
- * all, those read buffers took the room, and a stream at the limit mapped
- * and faulted in its buffers afresh: 94,000 page faults for the 49,152
- * pages of 192 MiB of incompressible data at a 32 MiB budget, and half the
- * daemon's CPU.  Idle buffers are not charged to the budget:
- * at its limit the cache evicts a frame to take in the next one, and a
- * charged idle buffer would take the very room the next folio needs, so
- * reclaim would have to unmap it and the new folio map a fresh one, which
- * is what the pool is for avoiding.  Smaller buffers come from malloc;
- * bigger ones than the largest class are mapped each time.
+ * the budget if that is less (windows are no bigger than the budget).
+ * With a 16th in all, those read buffers took the room, and a stream at
+ * the limit mapped and faulted in its buffers afresh: 94,000 page faults
+ * for the 49,152 pages of 192 MiB of incompressible data at a 32 MiB
+ * budget, and half the daemon's CPU.  Idle buffers are not charged to the
+ * budget: at its limit the cache evicts a frame to take in the next one,
+ * and a charged idle buffer would take the very room the next folio needs,
+ * so reclaim would have to unmap it and the new folio map a fresh one,
+ * which is what the pool is for avoiding.  Smaller buffers come from
+ * malloc; bigger ones than the largest class are mapped each time.
  */
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -107,15 +107,13 @@ static bool buf_keep(struct cache *c, void *b, int k)
 {
 	struct buf_pool *p = &c->bufs;
 	unsigned long pages = class_bytes(k) >> ZF_PAGE_SHIFT;
-	unsigned long max = (unsigned long)counter_max(&c->budget.root.mem);
-	unsigned long cap = max / 16, io = max / 2;
+	unsigned long io = (unsigned long)counter_max(&c->budget.root.mem) / 2;
+	unsigned long cap;
 	bool kept = false;
 
-	if (cap > BUF_POOL_PASS_MAX >> ZF_PAGE_SHIFT)
-		cap = BUF_POOL_PASS_MAX >> ZF_PAGE_SHIFT;
 	if (io > BUF_POOL_IO >> ZF_PAGE_SHIFT)
 		io = BUF_POOL_IO >> ZF_PAGE_SHIFT;
-	cap += io;
+	cap = reclaim_headroom_pages(&c->budget.root) + io;
 	pthread_mutex_lock(&p->lock);
 	if (p->idle_pages + pages <= cap) {
 		*(void **)b = p->free[k];

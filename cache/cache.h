@@ -266,10 +266,8 @@ struct fill_pool {
 
 /* Idle buffers by size class, 16 KiB to 4 MiB, four per power of two. */
 #define BUF_POOL_CLASSES 33
-/* idle bytes kept at most: what one reclaim pass frees at once (a 16th of
- * memory.max, at most 8 MiB: accounting/charge.c), and the read buffers of
- * the windows in flight (half of memory.max, at most 8 MiB) */
-#define BUF_POOL_PASS_MAX (8u << 20)
+/* idle bytes kept for the read buffers of the windows in flight, at most
+ * (and at most half of memory.max), beside what one reclaim pass frees */
 #define BUF_POOL_IO (8u << 20)
 struct buf_pool {
 	pthread_mutex_t lock;
