@@ -21,16 +21,19 @@
  * the youngest pages of all, and the next a stream needs, so they count
  * for no share; a tier's ages are not the other's, and the kernel's one
  * LRU would take the old fills first.  Whatever one tier cannot give, the
- * other is asked for.
+ * other is asked for, and readahead not read yet goes last of all: a
+ * stream's next windows, which fills still pending in the kernel tier (a
+ * chunk cannot go while its fill is in flight) must not push out.
  */
 static unsigned long cache_shrink(struct group *g, unsigned long nr,
 				  unsigned long *scanned, void *priv)
 {
-	unsigned long k = ktier_pages(g), e, nk, got, kscanned = 0;
+	unsigned long k = ktier_pages(g), e, nk, got, kscanned = 0, lscanned = 0;
 	long unread;
 
+	(void)priv;
 	if (!k)
-		return lru_shrink(g, nr, scanned, priv);
+		return lru_shrink(g, nr, scanned, false);
 	e = lru_pages(g);
 	unread = stat_read(g, STAT_RA_UNREAD);
 	e -= unread <= 0 ? 0 : (unsigned long)unread < e ? (unsigned long)unread
@@ -38,11 +41,13 @@ static unsigned long cache_shrink(struct group *g, unsigned long nr,
 	nk = (unsigned long)(((unsigned long long)nr * k + k + e - 1) /
 			     (k + e));
 	got = ktier_shrink(g, nk, &kscanned);
-	/* lru_shrink bounds its scan by *scanned: the tier's apart */
-	got += lru_shrink(g, nr > got ? nr - got : 0, scanned, priv);
+	/* lru_shrink bounds its scan by its count: the tier's apart */
+	got += lru_shrink(g, nr > got ? nr - got : 0, &lscanned, true);
 	if (got < nr)
 		got += ktier_shrink(g, nr - got, &kscanned);
-	*scanned += kscanned;
+	if (got < nr) /* the budget holds whatever it costs */
+		got += lru_shrink(g, nr - got, scanned, false);
+	*scanned += kscanned + lscanned;
 	return got;
 }
 

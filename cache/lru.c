@@ -231,14 +231,18 @@ static bool inactive_ready(struct lru *l, struct group *g, bool stuck)
 	return deactivate_one(l, g) || !cds_list_empty(&l->inactive);
 }
 
+/*
+ * Evict up to nr pages from the inactive tail; spare_unread passes over
+ * readahead not read yet (rotated like a locked folio), for a caller that
+ * has another tier to take from first.
+ */
 unsigned long lru_shrink(struct group *g, unsigned long nr,
-			 unsigned long *scanned, void *priv)
+			 unsigned long *scanned, bool spare_unread)
 {
 	struct lru *l = g->lru;
 	struct folio *freed = NULL, *f;
 	unsigned long got = 0, limit, rotated = 0;
 
-	(void)priv;
 	pthread_mutex_lock(&l->lock);
 	/* every folio may be seen twice: once promoted, once evicted */
 	limit = 2 * (l->nr_active + l->nr_inactive) + SWAP_CLUSTER_MAX;
@@ -248,7 +252,9 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 		*scanned += f->nr_pages;
 		if (keep_referenced(l, g, f))
 			continue;
-		if (folio_test(f, FOLIO_LOCKED) || !folio_freeze(f)) {
+		if ((spare_unread && folio_test(f, FOLIO_SPECULATIVE) &&
+		     !folio_test(f, FOLIO_ACCESSED)) ||
+		    folio_test(f, FOLIO_LOCKED) || !folio_freeze(f)) {
 			cds_list_move(&f->lru, &l->inactive); /* rotate */
 			rotated += f->nr_pages;
 			continue;

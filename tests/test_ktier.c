@@ -302,6 +302,54 @@ static void test_hand_over(void)
 	free(s.buf);
 }
 
+/*
+ * Readahead not read yet goes last when the tier cannot give (its fills in
+ * flight): a folio read twice is spared once by its reference, and the
+ * folio behind it on the LRU was a stream's next window, evicted unread.
+ */
+static void test_unread_spared(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+	struct sink s = {.buf = malloc(1 << 20)};
+	struct file_ra_state ra;
+	uint64_t size = (uint64_t)FILE_PAGES << ZF_PAGE_SHIFT;
+
+	cache_thread_register();
+	start(&c, 4096);
+	file_ra_init(&ra, 32);
+	struct mapping *m = fake_mapping(&c, 8 * FOLIO);
+
+	/* a stream: its next window comes in unread */
+	for (uint64_t pos = 0; pos < FOLIO; pos += 16384) {
+		s.len = 0;
+		CHECK_EQ(read_at(m, &ra, g, pos, 16384, &s), 0);
+		CHECK(bytes_ok(&s, pos));
+	}
+	long unread = stat_read(g, STAT_RA_UNREAD);
+	CHECK(unread > 0);
+	/* the read folio read again: referenced */
+	s.len = 0;
+	CHECK_EQ(read_at(m, &ra, g, 0, 4096, &s), 0);
+	/* the kernel tier holds only a fill in flight, which cannot go */
+	ktier_fill_begin(&c, g, 1, size, 0, 256 << 10);
+	CHECK_EQ(reclaim_proactive(g, 32), 0);
+	CHECK_EQ(stat_read(g, STAT_RA_UNUSED_EVICTED), 0);
+	CHECK_EQ(stat_read(g, STAT_RA_UNREAD), unread);
+	CHECK(!mapping_cached(m, 0));
+	/* with nothing else left, the budget still holds: unread goes too */
+	CHECK_EQ(reclaim_proactive(g, (unsigned long)unread), 0);
+	CHECK(stat_read(g, STAT_RA_UNUSED_EVICTED) > 0);
+	ktier_fill_end(&c, 1, 0, 256 << 10);
+	read_at_done();
+	file_ra_destroy(&ra);
+	cache_quiescent();
+	mapping_put(m);
+	stop(&c);
+	cache_thread_unregister();
+	free(s.buf);
+}
+
 struct storm {
 	struct cache *c;
 	atomic_bool stop;
@@ -394,6 +442,7 @@ int main(void)
 	RUN(test_in_flight);
 	RUN(test_refaults);
 	RUN(test_hand_over);
+	RUN(test_unread_spared);
 	RUN(test_storm);
 	return check_done();
 }
