@@ -283,6 +283,35 @@ void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
 				 memory_order_relaxed);
 }
 
+/*
+ * A fill of the kernel tier took bytes [from, to) of folio f: true when
+ * that completes the folio, every byte of it now handed over by one fill
+ * or another (each once, whatever their order or size).  Coverage is kept
+ * in f->filled, a bit a page for folios of up to 64 pages and a bit per
+ * 64th for bigger ones (a piece of a big frame, or frames bigger than the
+ * kernel's fills), a bit set only when a fill covers all of its part.
+ */
+bool folio_note_tiered_fill(struct folio *f, uint64_t from, uint64_t to)
+{
+	unsigned long pages = pages_of_bytes(f->len);
+	unsigned int n = pages < 64 ? (unsigned int)pages : 64;
+	uint64_t part = (uint64_t)((pages + n - 1) / n) << ZF_PAGE_SHIFT;
+	unsigned long long all = n == 64 ? ~0ull : (1ull << n) - 1, bits, old;
+	unsigned int c0, c1;
+
+	if (!n || to <= from)
+		return false;
+	c0 = (unsigned int)((from + part - 1) / part);
+	c1 = to >= f->len ? n : (unsigned int)(to / part);
+	if (c1 > n)
+		c1 = n;
+	if (c1 <= c0)
+		return false;
+	bits = (c1 - c0 == 64 ? ~0ull : (1ull << (c1 - c0)) - 1) << c0;
+	old = atomic_fetch_or_explicit(&f->filled, bits, memory_order_relaxed);
+	return old != all && (old | bits) == all;
+}
+
 /* The kernel dropped m's pages (an open without keep_cache, the backing
  * changed): it holds none of them now. */
 void mapping_forget_kernel(struct mapping *m)

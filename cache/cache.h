@@ -326,6 +326,7 @@ bool mapping_in_kernel(const struct mapping *m, unsigned long index);
 void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
 		       uint64_t to);
 void mapping_note_evicted(struct folio *f);
+bool folio_note_tiered_fill(struct folio *f, uint64_t from, uint64_t to);
 void mapping_forget_kernel(struct mapping *m);
 
 /* folio.c: what a window does with the folios it brings in */

@@ -388,10 +388,10 @@ static void read_mark_accessed(struct read_req *rq, struct folio *f,
 }
 
 /*
- * A fill that takes a whole folio to the kernel tier: the kernel now holds
- * the same bytes, so the folio leaves the cache (its slot's reference goes
- * now, the request's after the reply).  A folio partly handed over stays,
- * for the fills of its other parts.
+ * A fill that takes the whole folio, or the last of it, to the kernel
+ * tier: the kernel now holds the same bytes, so the folio leaves the cache
+ * (its slot's reference goes now, the request's after the reply).  A
+ * folio partly handed over stays, for the fills of its other parts.
  */
 static void read_hand_over(struct read_req *rq, struct folio *f)
 {
@@ -454,9 +454,16 @@ static int read_add_folio(struct read_req *rq, unsigned long i,
 		got = read_get_folio(rq, i, last, &f);
 	if (got < 0)
 		return got;
-	if (got == GOT_PINNED && rq->tiered && from == 0 && to == f->len)
+	if (got == GOT_PINNED && rq->tiered &&
+	    ((from == 0 && to == f->len) || folio_note_tiered_fill(f, from, to)))
 		read_hand_over(rq, f);
-	else if (got == GOT_PINNED)
+	else if (got == GOT_LOCKLESS && rq->tiered &&
+		 folio_note_tiered_fill(f, from, to) && folio_try_get(f)) {
+		/* the last of a hot folio: pinned, to leave like the others */
+		rq->nlockless--; /* f, just added */
+		rq->held[rq->nheld++] = f;
+		read_hand_over(rq, f);
+	} else if (got == GOT_PINNED)
 		read_mark_accessed(rq, f, i == first);
 	if (got != GOT_PART && rq->fill && !rq->tiered)
 		mapping_note_fill(rq->mapping, f, from, to);

@@ -270,6 +270,22 @@ static void test_refaults(void)
 }
 
 /* A fill that takes a whole folio hands it over; a partial one keeps it. */
+/* A fill of the kernel tier: [pos, pos + len) of m, every byte checked. */
+static void tiered_fill(struct ra_request *r, struct mapping *m, uint64_t pos,
+			size_t len, struct sink *s)
+{
+	if (pos + len > m->size)
+		len = m->size - pos;
+	s->len = 0;
+	ra_request_init(r, m, NULL, &m->cache->budget.root, NULL, pos, len,
+			false);
+	r->rq.fill = r->rq.tiered = true;
+	CHECK_EQ(cache_read(&r->rq, sink_reply, s), 0);
+	CHECK_EQ(s->len, len);
+	CHECK(bytes_ok(s, pos));
+	cache_quiescent();
+}
+
 static void test_hand_over(void)
 {
 	struct cache c;
@@ -294,7 +310,32 @@ static void test_hand_over(void)
 	CHECK(bytes_ok(&s, 3 * FOLIO + 4096));
 	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
 	CHECK_EQ(stat_read(g, STAT_FILE), 32);
+	/* the rest of that folio, in two fills: the last of it leaves */
+	tiered_fill(r, m, 3 * FOLIO, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
+	tiered_fill(r, m, 3 * FOLIO + 12288, FOLIO - 12288, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 3);
+	CHECK_EQ(stat_read(g, STAT_FILE), 0);
+	/* frames of 1 MiB (a zstd CLI file's pieces) in the kernel's 128 KiB
+	 * fills, out of order and overlapping: each leaves with its last
+	 * part, hot or not, and never before */
+	struct mapping *big = mapping_create(&c, &fake_ops, NULL, 4 << 20, 4,
+					     1 << 20, NULL);
+	for (int round = 0; round < 3; round++) /* makes them hot */
+		tiered_fill(r, big, (1 << 20) + 65536, 4096, &s);
+	for (uint64_t f = 0; f < 4; f++)
+		for (uint64_t k = 0; k < 8; k++) {
+			uint64_t pos = (f << 20) + ((k * 5) % 8) * FOLIO;
+
+			CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 3 + f);
+			tiered_fill(r, big, pos, k == 3 ? 2 * FOLIO : FOLIO, &s);
+		}
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 7);
+	CHECK_EQ(stat_read(g, STAT_FILE), 0);
+	CHECK(stat_read(g, STAT_LOCKLESS_READS) > 0);
 	cache_quiescent();
+	cache_expedite(&c); /* the hot ones' data waited for a grace period */
+	mapping_put(big);
 	free(r);
 	mapping_put(m);
 	stop(&c);
