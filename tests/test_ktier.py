@@ -5,7 +5,7 @@ front, inside the budget.  What the mount holds is measured from outside:
 zfolio's folios (memory.stat "file") plus the page-cache pages of every
 file (fincore).
 
-    test_ktier.py budget | window | limits | refaults
+    test_ktier.py budget | window | limits | refaults | handover
 """
 import mmap
 import os
@@ -283,6 +283,43 @@ def test_refaults():
                 print("working set: refaults %d, activated %d" % (
                     st["workingset_refault"], st["workingset_activate"]))
                 check(st["workingset_activate"] > 0, "the working set never activated")
+
+
+def test_handover():
+    """A plain file of the zstd CLI (one frame, served in pieces bigger
+    than the kernel's fills) read through once: each piece leaves zfolio's
+    cache once the fills have taken all of it, so the file is cached once,
+    in the page cache, and random reads of it then never reach the
+    daemon."""
+    require_root_fuse()
+    with tmpdir() as d:
+        os.makedirs(d + "/cli")
+        data = stamped(32 * MIB, 7)
+        with open(d + "/plain", "wb") as f:
+            f.write(data)
+        subprocess.run(["zstd", "-q", "-3", d + "/plain", "-o",
+                        d + "/cli/f.zst"], check=True)
+        with Mount(d + "/cli", d + "/mnt", "budget=64M") as m:
+            path = os.path.join(m.mnt, "f")
+            with open(path, "rb") as f:
+                check(f.read() == data, "the file differs")
+            st = m.stat()
+            print("read through: folios %.1f MiB, kernel tier %.1f MiB, %d handed over" % (
+                st["file"] / MIB, st["kernel_file"] / MIB, st["kernel_handovers"]))
+            check(st["kernel_handovers"] > 0 and st["file"] <= 2 * MIB,
+                  "cached twice: %d bytes of folios beside the page cache" % st["file"])
+            served = st["pgfault"]
+            seed = 1
+            with open(path, "rb") as f:
+                for _ in range(2000):
+                    seed = (seed * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+                    off = (seed >> 20) % (32 * MIB - 4096)
+                    f.seek(off)
+                    check(f.read(4096) == data[off:off + 4096], "at %d" % off)
+            st = m.stat()
+            print("2000 random reads: %d reached the daemon" % (st["pgfault"] - served))
+            check(st["pgfault"] - served <= 20,
+                  "%d random reads reached the daemon" % (st["pgfault"] - served))
 
 
 if __name__ == "__main__":
