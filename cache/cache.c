@@ -15,8 +15,8 @@
 /*
  * Reclaim from both tiers, each in proportion to what it holds: folios
  * (lru.c) and, with cache=kernel, the page cache's chunks (ktier.c).  A
- * folio handed whole to the kernel has already left (read.c), so what the
- * folio LRU keeps is frames still serving neighbouring fills, and
+ * folio whose every byte fills handed to the kernel has left (read.c), so
+ * what the folio LRU keeps is frames still serving neighbouring fills, and
  * readahead not read yet (a dataset in a store reads ahead of the fills):
  * the youngest pages of all, and the next a stream needs, so they count
  * for no share; a tier's ages are not the other's, and the kernel's one
