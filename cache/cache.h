@@ -389,6 +389,9 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 int cache_read(struct read_req *rq, cache_reply_fn reply, void *arg);
 int cache_fill_batch(struct fill_batch *b, unsigned int i);
 void cache_wait_io(struct fill_batch *b);
+struct folio *cache_pass_over_begin(struct mapping *m, unsigned long index,
+				    struct group *g);
+void cache_pass_over_end(struct folio *f, int err);
 void file_read_state_init(struct file_read_state *file);
 
 #endif

@@ -129,6 +129,55 @@ int cache_fill_batch(struct fill_batch *b, unsigned int i)
 	return err;
 }
 
+/*
+ * Folios a fill passes over: a frame that can only be decoded from its
+ * start (a big frame served in pieces, fs/backing.c) yields every piece
+ * before the one asked for, and those are kept while the budget is not
+ * full: a locked, charged folio for index, in its slot and marked
+ * speculative like readahead's, which the caller fills and hands to
+ * cache_pass_over_end(); NULL if the folio is cached, or if it would take
+ * the budget to within a reclaim pass of its limit.  At the limit, pieces
+ * kept in passing would push out the ones readers asked for, and each
+ * read that misses starts the frame over: with a 64 MiB budget, a scan of
+ * a 143 MB file (`PRAGMA integrity_check`) decoded 14 times as much.
+ */
+struct folio *cache_pass_over_begin(struct mapping *m, unsigned long index,
+				    struct group *g)
+{
+	struct folio *f;
+
+	if (!g || mapping_cached(m, index) ||
+	    group_over_limit(g, pages_of_bytes(mapping_folio_len(m, index)) +
+				    reclaim_headroom_pages(g)))
+		return NULL;
+	f = folio_alloc(m, index);
+	if (!f)
+		return NULL;
+	if (charge_speculative(g, f->nr_pages)) {
+		folio_free_unused(f);
+		return NULL;
+	}
+	f->group = g;
+	folio_set(f, FOLIO_SPECULATIVE);
+	stat_mod(g, STAT_RA_UNREAD, f->nr_pages);
+	if (folio_insert(m, f)) {
+		stat_mod(g, STAT_RA_UNREAD, -(long)f->nr_pages);
+		folio_free_unused(f); /* another reader's is there */
+		return NULL;
+	}
+	return f;
+}
+
+void cache_pass_over_end(struct folio *f, int err)
+{
+	if (!err) {
+		stat_inc(f->group, STAT_FOLIOS_READ);
+		stat_mod(f->group, STAT_DECOMP_BYTES, f->len);
+	}
+	folio_fill_done(f, err);
+	folio_put(f);
+}
+
 static void bounce_free(struct folio *f)
 {
 	cache_buf_put(f->mapping->cache, f->data, f->len);

@@ -663,8 +663,46 @@ static int stream_charge(struct zfile *f, const struct zseek_frame *fr)
 	return 0;
 }
 
+/*
+ * The pieces of slot's frame that f's stream must decode to reach slot:
+ * those from where it stands (or the frame's start, if it must start
+ * over), kept in the cache for g as they pass where the budget has room,
+ * instead of decoded into scratch and dropped.  A random reader of a big
+ * frame (a plain `zstd` file) then pays for the frame's start once, not at
+ * every read.  f's stream lock is held.
+ */
+static void split_pass_over(struct zfile *f, unsigned long slot,
+			    struct group *g)
+{
+	uint32_t frame = f->slot_frame[slot];
+	uint64_t from = 0;
+	unsigned long j = slot;
+
+	if (!g)
+		return;
+	if (f->stream.frame == frame && f->stream.out_pos <= f->slot_skip[slot])
+		from = f->stream.out_pos;
+	while (j > 0 && f->slot_frame[j - 1] == frame &&
+	       f->slot_skip[j - 1] >= from)
+		j--;
+	for (; j < slot; j++) {
+		struct folio *p = cache_pass_over_begin(f->mapping, j, g);
+		int r;
+
+		if (!p)
+			continue; /* cached, or no room: decoded in passing */
+		r = zseek_stream_read(&f->stream, zfile_read_cb, f, &f->idx,
+				      frame, f->slot_skip[j], p->data, p->len);
+		cache_pass_over_end(p, r);
+		if (r)
+			return; /* the read asked for starts over, and says */
+	}
+}
+
+/* Content of slot (a piece of a big frame) into dst, for g's fill (or
+ * NULL: a bounce read, which keeps nothing). */
 static int read_split(struct zfile *f, unsigned long slot, void *dst,
-		      size_t len)
+		      size_t len, struct group *g)
 {
 	const struct zseek_frame *fr = &f->idx.frames[f->slot_frame[slot]];
 	int r;
@@ -675,6 +713,8 @@ static int read_split(struct zfile *f, unsigned long slot, void *dst,
 		r = zseek_stream_init(&f->stream);
 		f->stream_ready = r == 0;
 	}
+	if (!r)
+		split_pass_over(f, slot, g);
 	if (!r)
 		r = zseek_stream_read(&f->stream, zfile_read_cb, f,
 				      &f->idx, f->slot_frame[slot],
@@ -697,7 +737,7 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	if (f->idx.kind == ZSEEK_RAW)
 		return io->err[i];
 	if (slot_split(f, slot))
-		return read_split(f, slot, fo->data, fo->len);
+		return read_split(f, slot, fo->data, fo->len, fo->group);
 	err = run_wait(f, io, io->run[i]);
 	if (err)
 		return err;
@@ -786,7 +826,7 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
 	}
 	if (slot_split(f, index))
-		return read_split(f, index, buf, len);
+		return read_split(f, index, buf, len, NULL);
 	fr = &f->idx.frames[slot_frame(f, index)];
 	dctx = dctx_of();
 	src = cache_buf_get(m->cache, fr->c_size);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Decode tests: raw data read in part, windows decoded on every core.
+"""Decode tests: raw data read in part, windows decoded on every core,
+buffers reused, big frames decoded once.
 
-    test_decode.py parts | parallel | buffers
+    test_decode.py parts | parallel | buffers | passover
 """
 import os
 import random
@@ -209,6 +210,40 @@ def test_buffers():
             bound = min(budget // 16, 8 << 20) + min(budget // 2, 8 << 20)
             check(st["buffer_pool"] <= bound,
                   "buffer_pool %d over its bound %d" % (st["buffer_pool"], bound))
+
+
+def test_passover():
+    """A plain zstd file (one 24 MiB frame, served in 1 MiB pieces, decoded
+    from its start) read backwards a page per piece: the pieces the decoder
+    passes over on its way to the first read are kept while the budget has
+    room, so the reads after it hit; at a budget that cannot hold them,
+    nothing is kept in passing and the budget holds.  Every byte right."""
+    require_root_fuse()
+    with tmpdir() as d:
+        os.makedirs(d + "/cli")
+        data = text_bytes(24 << 20, 11)
+        with open(d + "/plain", "wb") as f:
+            f.write(data)
+        subprocess.run(["zstd", "-q", "-3", d + "/plain", "-o", d + "/cli/f.zst"],
+                       check=True)
+        for opts, most in (("cache=engine,budget=64M", 2), ("cache=engine,budget=4M", None)):
+            with Mount(d + "/cli", d + "/mnt", opts) as m:
+                fd = os.open(d + "/mnt/f", os.O_RDONLY)
+                try:
+                    for piece in range(23, -1, -1):
+                        off = (piece << 20) + 8192 * (piece % 7)
+                        check(os.pread(fd, 4096, off) == data[off:off + 4096],
+                              "%s: at %d" % (opts, off))
+                finally:
+                    os.close(fd)
+                st = m.stat()
+                print("%s: %d misses, %d folios read, peak %s" % (
+                    opts, st["cache_misses"], st["folios_read"], m.ctl("memory.peak")))
+                if most is not None:
+                    check(st["cache_misses"] <= most,
+                          "%s: %d misses: pieces decoded again" % (opts, st["cache_misses"]))
+                check(int(m.ctl("memory.peak")) <= 4 << 20 or most is not None,
+                      "%s: over the budget" % opts)
 
 
 if __name__ == "__main__":
