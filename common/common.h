@@ -141,6 +141,10 @@ void text_json_string(struct text *t, const char *s);
 	  "frames that failed to decompress or verify")                        \
 	X(SLOW_FRAMES, "single_frame_warnings", event,                         \
 	  "frames without a size, measured by decoding: slow random reads")    \
+	X(DECODER_RESTARTS, "decoder_restarts", event,                         \
+	  "reads in a big frame that decoded it again from its start")         \
+	X(DECODER_SKIPPED, "decoder_skipped_bytes", event,                     \
+	  "bytes of big frames decoded only to get past them")                 \
 	X(HIGH_RECLAIMS, "high_reclaim_passes", event,                         \
 	  "background reclaim passes for memory.high")                         \
 	X(FAULT_FILLS, "fault_fills", event,                                   \

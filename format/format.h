@@ -133,6 +133,7 @@ struct zseek_stream {
 	uint32_t frame;   /* the frame being streamed, or UINT32_MAX */
 	uint64_t in_off;  /* next compressed byte to feed */
 	uint64_t out_pos; /* content bytes produced so far in the frame */
+	uint64_t skipped; /* content bytes decoded only to get past them */
 	void *inbuf, *scratch;
 	size_t in_cap, in_pos, in_len;
 };

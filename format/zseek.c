@@ -726,6 +726,7 @@ int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 		r = stream_pump(s, rd, ctx, fr, s->scratch, skip);
 		if (r < 0)
 			goto bad;
+		s->skipped += skip;
 	}
 	r = stream_pump(s, rd, ctx, fr, dst, len);
 	if (r < 0)

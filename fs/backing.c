@@ -586,36 +586,40 @@ static ZSTD_DCtx *dctx_of(void)
 	return d;
 }
 
-/* Free f's stream and give back its window; f's stream lock is held. */
-static void stream_drop(struct zfile *f)
+/* Free z's decoder and give back its window; z's lock is held. */
+static void stream_drop(struct zstream *z)
 {
-	struct group *root = &f->mapping->cache->budget.root;
+	struct group *root = &z->owner->mapping->cache->budget.root;
 
-	if (f->stream_ready)
-		zseek_stream_free(&f->stream);
-	f->stream_ready = false;
-	if (!f->stream_pages)
+	if (z->ready)
+		zseek_stream_free(&z->s);
+	z->ready = false;
+	if (!z->pages)
 		return;
-	uncharge(root, f->stream_pages);
-	stat_mod(root, STAT_DECODER_WINDOWS, -(long)f->stream_pages);
-	f->stream_pages = 0;
+	uncharge(root, z->pages);
+	stat_mod(root, STAT_DECODER_WINDOWS, -(long)z->pages);
+	z->pages = 0;
 }
 
-/* Free the least recently used idle stream other than mine: false if none. */
-static bool stream_evict_one(struct stream_pool *pool, struct zfile *mine)
+/*
+ * Free the least recently used idle stream of another file: false if none.
+ * Not one of mine's file: the reader it follows would start over, and take
+ * this one's window in turn (mine's reader shares it instead).
+ */
+static bool stream_evict_one(struct stream_pool *pool, struct zstream *mine)
 {
-	struct zfile *f;
+	struct zstream *z;
 	bool freed = false;
 
 	pthread_mutex_lock(&pool->lock);
-	cds_list_for_each_entry(f, &pool->lru, stream_link) {
+	cds_list_for_each_entry(z, &pool->lru, link) {
 		/* trylock: a stream in use is not idle, and the lock order
 		 * (stream, then pool) must not be reversed */
-		if (f == mine || pthread_mutex_trylock(&f->stream_lock))
+		if (z->owner == mine->owner || pthread_mutex_trylock(&z->lock))
 			continue;
-		cds_list_del_init(&f->stream_link);
-		stream_drop(f);
-		pthread_mutex_unlock(&f->stream_lock);
+		cds_list_del_init(&z->link);
+		stream_drop(z);
+		pthread_mutex_unlock(&z->lock);
 		freed = true;
 		break;
 	}
@@ -627,11 +631,11 @@ static bool stream_evict_one(struct stream_pool *pool, struct zfile *mine)
  * Charge the stream's window to the budget before it is allocated: up to
  * 128 MiB for frames the zstd CLI wrote with --long or --ultra.  Idle
  * streams of other files give their windows back when there is no room;
- * a budget that still cannot hold it makes the frame EIO, with the reason
- * in the log.  f's stream lock is held.
+ * -ENOSPC if the budget still cannot hold it.  z's lock is held.
  */
-static int stream_charge(struct zfile *f, const struct zseek_frame *fr)
+static int stream_charge(struct zstream *z, const struct zseek_frame *fr)
 {
+	struct zfile *f = z->owner;
 	struct group *root = &f->mapping->cache->budget.root;
 	unsigned long pages;
 	uint64_t need;
@@ -640,39 +644,83 @@ static int stream_charge(struct zfile *f, const struct zseek_frame *fr)
 	if (r)
 		return r;
 	pages = pages_of_bytes(need);
-	while (pages > f->stream_pages &&
-	       charge_demand(root, pages - f->stream_pages)) {
-		if (stream_evict_one(f->pool, f))
+	while (pages > z->pages && charge_demand(root, pages - z->pages)) {
+		if (stream_evict_one(f->pool, z))
 			continue;
-		zlog_file(f->path, "the budget cannot hold a %llu MiB decoder "
-				   "window for a frame at offset %llu",
-			  (unsigned long long)(need >> 20),
-			  (unsigned long long)fr->c_off);
-		return -EIO;
+		return -ENOSPC;
 	}
-	if (pages > f->stream_pages) {
-		stat_mod(root, STAT_DECODER_WINDOWS,
-			 (long)(pages - f->stream_pages));
-		f->stream_pages = pages;
+	if (pages > z->pages) {
+		stat_mod(root, STAT_DECODER_WINDOWS, (long)(pages - z->pages));
+		z->pages = pages;
 	}
 	/* the most recently used goes last */
 	pthread_mutex_lock(&f->pool->lock);
-	cds_list_del(&f->stream_link);
-	cds_list_add_tail(&f->stream_link, &f->pool->lru);
+	cds_list_del(&z->link);
+	cds_list_add_tail(&z->link, &f->pool->lru);
 	pthread_mutex_unlock(&f->pool->lock);
 	return 0;
 }
 
 /*
- * The pieces of slot's frame that f's stream must decode to reach slot:
+ * The stream to read [at, ...) of frame with: the one with least to decode
+ * to get there (from where it stands, or from the frame's start if it is
+ * past that point or elsewhere); of equals, the least recently chosen.  A
+ * stream another reader is using still counts: its read takes it forwards,
+ * and the next piece of a sequential reader is right behind the last.  A
+ * stream without a window is taken only while all the mount's windows
+ * stay within an eighth of the budget: at a small budget a second window
+ * would take the room of the pieces both readers need, and a piece
+ * evicted before its reader is done with it starts the frame over.
+ */
+static struct zstream *stream_choose(struct zfile *f, uint32_t frame,
+				     uint64_t at)
+{
+	struct group *root = &f->mapping->cache->budget.root;
+	struct zstream *best = NULL;
+	uint64_t best_cost = 0;
+	unsigned long most = 0;
+	bool room;
+
+	pthread_mutex_lock(&f->stream_lock);
+	for (int i = 0; i < ZFILE_STREAMS; i++)
+		if (f->streams[i].win > most)
+			most = f->streams[i].win;
+	room = (unsigned long)stat_read(root, STAT_DECODER_WINDOWS) + most <=
+	       (unsigned long)counter_max(&root->mem) / 8;
+	for (int i = 0; i < ZFILE_STREAMS; i++) {
+		struct zstream *z = &f->streams[i];
+		uint64_t cost = z->frame == frame && z->pos <= at ? at - z->pos
+								  : at;
+
+		if (!z->win && most && !room)
+			continue;
+		if (!best || cost < best_cost ||
+		    (cost == best_cost && z->used < best->used)) {
+			best = z;
+			best_cost = cost;
+		}
+	}
+	best->used = ++f->stream_clock;
+	/* it is on its way there, with a window: the next reader counts
+	 * from there */
+	best->frame = frame;
+	best->pos = at;
+	if (!best->win)
+		best->win = most ? most : 1;
+	pthread_mutex_unlock(&f->stream_lock);
+	return best;
+}
+
+/*
+ * The pieces of slot's frame that stream z must decode to reach slot:
  * those from where it stands (or the frame's start, if it must start
  * over), kept in the cache for g as they pass where the budget has room,
  * instead of decoded into scratch and dropped.  A random reader of a big
  * frame (a plain `zstd` file) then pays for the frame's start once, not at
- * every read.  f's stream lock is held.
+ * every read.  z's lock is held.
  */
-static void split_pass_over(struct zfile *f, unsigned long slot,
-			    struct group *g)
+static void split_pass_over(struct zfile *f, struct zstream *z,
+			    unsigned long slot, struct group *g)
 {
 	uint32_t frame = f->slot_frame[slot];
 	uint64_t from = 0;
@@ -680,8 +728,8 @@ static void split_pass_over(struct zfile *f, unsigned long slot,
 
 	if (!g)
 		return;
-	if (f->stream.frame == frame && f->stream.out_pos <= f->slot_skip[slot])
-		from = f->stream.out_pos;
+	if (z->s.frame == frame && z->s.out_pos <= f->slot_skip[slot])
+		from = z->s.out_pos;
 	while (j > 0 && f->slot_frame[j - 1] == frame &&
 	       f->slot_skip[j - 1] >= from)
 		j--;
@@ -691,8 +739,8 @@ static void split_pass_over(struct zfile *f, unsigned long slot,
 
 		if (!p)
 			continue; /* cached, or no room: decoded in passing */
-		r = zseek_stream_read(&f->stream, zfile_read_cb, f, &f->idx,
-				      frame, f->slot_skip[j], p->data, p->len);
+		r = zseek_stream_read(&z->s, zfile_read_cb, f, &f->idx, frame,
+				      f->slot_skip[j], p->data, p->len);
 		cache_pass_over_end(p, r);
 		if (r)
 			return; /* the read asked for starts over, and says */
@@ -704,22 +752,66 @@ static void split_pass_over(struct zfile *f, unsigned long slot,
 static int read_split(struct zfile *f, unsigned long slot, void *dst,
 		      size_t len, struct group *g)
 {
-	const struct zseek_frame *fr = &f->idx.frames[f->slot_frame[slot]];
+	uint32_t frame = f->slot_frame[slot];
+	const struct zseek_frame *fr = &f->idx.frames[frame];
+	struct zstream *z = stream_choose(f, frame, f->slot_skip[slot]);
 	int r;
 
-	pthread_mutex_lock(&f->stream_lock);
-	r = stream_charge(f, fr);
-	if (!r && !f->stream_ready) {
-		r = zseek_stream_init(&f->stream);
-		f->stream_ready = r == 0;
+	pthread_mutex_lock(&z->lock);
+	r = stream_charge(z, fr);
+	/*
+	 * No room for another window: share one this file has (busy, or it
+	 * would have been freed), waiting for its reader.  With none, the
+	 * budget cannot hold a decoder for this frame: EIO, said in the log.
+	 */
+	for (int i = 0; r == -ENOSPC && i < ZFILE_STREAMS; i++) {
+		struct zstream *o = &f->streams[i];
+
+		if (o == z)
+			continue;
+		pthread_mutex_lock(&f->stream_lock);
+		z->frame = UINT32_MAX; /* not moved: it has no decoder */
+		z->win = z->pages;
+		pthread_mutex_unlock(&f->stream_lock);
+		pthread_mutex_unlock(&z->lock);
+		pthread_mutex_lock(&o->lock);
+		z = o;
+		r = o->pages ? stream_charge(o, fr) : -ENOSPC;
 	}
-	if (!r)
-		split_pass_over(f, slot, g);
-	if (!r)
-		r = zseek_stream_read(&f->stream, zfile_read_cb, f,
-				      &f->idx, f->slot_frame[slot],
+	if (r == -ENOSPC) {
+		uint64_t need = 0;
+
+		zseek_stream_need(zfile_read_cb, f, fr, &need);
+		zlog_file(f->path, "the budget cannot hold a %llu MiB decoder "
+				   "window for a frame at offset %llu",
+			  (unsigned long long)(need >> 20),
+			  (unsigned long long)fr->c_off);
+		r = -EIO;
+	}
+	if (!r && !z->ready) {
+		r = zseek_stream_init(&z->s);
+		z->ready = r == 0;
+	}
+	if (!r) {
+		struct group *root = &f->mapping->cache->budget.root;
+		uint64_t skipped = z->s.skipped;
+
+		if (f->slot_skip[slot] && (z->s.frame != frame ||
+					   z->s.out_pos > f->slot_skip[slot]))
+			stat_inc(root, STAT_DECODER_RESTARTS);
+		split_pass_over(f, z, slot, g);
+		r = zseek_stream_read(&z->s, zfile_read_cb, f, &f->idx, frame,
 				      f->slot_skip[slot], dst, len);
+		stat_mod(root, STAT_DECODER_SKIPPED,
+			 (long)(z->s.skipped - skipped));
+	}
+	/* where it stands now (the choice never holds a stream's lock) */
+	pthread_mutex_lock(&f->stream_lock);
+	z->frame = z->ready ? z->s.frame : UINT32_MAX;
+	z->pos = z->ready ? z->s.out_pos : 0;
+	z->win = z->pages;
 	pthread_mutex_unlock(&f->stream_lock);
+	pthread_mutex_unlock(&z->lock);
 	return r;
 }
 
@@ -1147,10 +1239,15 @@ static void zfile_release(struct mapping *m)
 	struct zfile *f = m->host;
 
 	meta_charge(f->ds, -f->meta_bytes);
-	pthread_mutex_lock(&f->pool->lock);
-	cds_list_del_init(&f->stream_link);
-	pthread_mutex_unlock(&f->pool->lock);
-	stream_drop(f);
+	for (int i = 0; i < ZFILE_STREAMS; i++) {
+		struct zstream *z = &f->streams[i];
+
+		pthread_mutex_lock(&f->pool->lock);
+		cds_list_del_init(&z->link);
+		pthread_mutex_unlock(&f->pool->lock);
+		stream_drop(z);
+		pthread_mutex_destroy(&z->lock);
+	}
 	pthread_mutex_destroy(&f->stream_lock);
 	zseek_index_free(&f->idx);
 	free(f->starts);

@@ -365,7 +365,11 @@ int zfile_create(struct dataset *ds, int fd, struct store_obj *obj,
 	f->obj = obj;
 	f->decode = decode;
 	f->pool = &ds->streams;
-	CDS_INIT_LIST_HEAD(&f->stream_link);
+	for (int i = 0; i < ZFILE_STREAMS; i++) {
+		f->streams[i].owner = f;
+		f->streams[i].frame = UINT32_MAX;
+		CDS_INIT_LIST_HEAD(&f->streams[i].link);
+	}
 	CDS_INIT_LIST_HEAD(&f->fd_link);
 	atomic_init(&f->dontcache, ds->opt->backing_cache != BACKING_KEEP);
 	atomic_init(&f->direct, ds->opt->backing_cache == BACKING_DIRECT && !obj);
@@ -385,6 +389,8 @@ int zfile_create(struct dataset *ds, int fd, struct store_obj *obj,
 		return r;
 	}
 	pthread_mutex_init(&f->stream_lock, NULL);
+	for (int i = 0; i < ZFILE_STREAMS; i++)
+		pthread_mutex_init(&f->streams[i].lock, NULL);
 	if (!obj)
 		zfile_fd_add(f);
 	f->meta_bytes = zfile_meta_bytes(f);

@@ -98,6 +98,27 @@ enum znode_kind {
 #define DIO_ALIGN 4096u
 
 /*
+ * A decoder going forwards through a big frame (backing.c), with the
+ * window it keeps charged to the budget.  A file has a few, so that
+ * readers at different places of one frame do not each restart the
+ * other's: a read takes the one that has least to decode to reach it.
+ */
+#define ZFILE_STREAMS 4
+struct zstream {
+	struct zfile *owner;
+	pthread_mutex_t lock; /* held while it decodes */
+	struct zseek_stream s;
+	bool ready;
+	unsigned long pages;       /* charged for its window */
+	struct cds_list_head link; /* on the pool's lru while it has one */
+	/* under the owner's stream_lock: where it stands, for the choice */
+	uint32_t frame;
+	uint64_t pos;
+	uint64_t used;     /* the owner's stream_clock at its last choice */
+	unsigned long win; /* pages, as of its last read */
+};
+
+/*
  * A file's backing state at one moment: its fd, its frame index and the
  * folio geometry built from it.  The mapping's host.  A changed backing
  * file gets a new one; handles opened on the old one keep it alive.
@@ -127,12 +148,11 @@ struct zfile {
 	uint32_t folio_size;   /* fixed size of every folio but the last, or 0 */
 	/* per folio: ds->fill_clock + 1 when last read in part, or 0 */
 	_Atomic uint32_t *parts;
-	pthread_mutex_t stream_lock;
-	struct zseek_stream stream; /* for split frames */
-	bool stream_ready;
-	unsigned long stream_pages; /* charged for the stream's window */
+	/* decoders of split frames, one per reader going forwards */
+	pthread_mutex_t stream_lock; /* the choice of one, their places */
+	struct zstream streams[ZFILE_STREAMS];
+	uint64_t stream_clock;
 	struct stream_pool *pool;   /* the dataset's live streams */
-	struct cds_list_head stream_link; /* on pool->lru while it has one */
 	struct mapping *mapping;
 };
 

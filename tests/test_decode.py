@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Decode tests: raw data read in part, windows decoded on every core,
-buffers reused, big frames decoded once.
+buffers reused, big frames decoded once, a decoder per reader.
 
-    test_decode.py parts | parallel | buffers | passover
+    test_decode.py parts | parallel | buffers | passover | streams
 """
 import os
 import random
@@ -244,6 +244,47 @@ def test_passover():
                           "%s: %d misses: pieces decoded again" % (opts, st["cache_misses"]))
                 check(int(m.ctl("memory.peak")) <= 4 << 20 or most is not None,
                       "%s: over the budget" % opts)
+
+
+def test_streams():
+    """Two readers going forwards in one big frame (a plain zstd file, 96
+    MiB in 1 MiB pieces), 48 MiB apart, their reads taking turns: each has
+    a decoder of its own, so neither starts the frame over for the other
+    (decoder_restarts), and every byte is right; at a budget too small for
+    two decoder windows they share one, and the budget holds."""
+    require_root_fuse()
+    with tmpdir() as d:
+        os.makedirs(d + "/cli")
+        data = text_bytes(96 << 20, 12)
+        with open(d + "/plain", "wb") as f:
+            f.write(data)
+        subprocess.run(["zstd", "-q", "-1", d + "/plain", "-o", d + "/cli/f.zst"],
+                       check=True)
+        for opts, most, span in (("cache=engine,budget=32M", 8, 48 << 20),
+                                 ("cache=engine,budget=4M", None, 4 << 20)):
+            with Mount(d + "/cli", d + "/mnt", opts) as m:
+                fd = os.open(d + "/mnt/f", os.O_RDONLY)
+                try:
+                    for k in range(0, span, 128 << 10):
+                        for off in (k, (48 << 20) + k):
+                            check(os.pread(fd, 128 << 10, off) == data[off:off + (128 << 10)],
+                                  "%s: at %d" % (opts, off))
+                finally:
+                    os.close(fd)
+                st = m.stat()
+                print("%s: %d restarts, %.1f MiB decoded to get past, "
+                      "decoder windows %.1f MiB, peak %s" % (
+                          opts, st["decoder_restarts"],
+                          st["decoder_skipped_bytes"] / (1 << 20),
+                          st["decoder_windows"] / (1 << 20), m.ctl("memory.peak")))
+                if most is not None:
+                    # (one stream: 15 restarts, 967 MiB decoded to get past)
+                    check(st["decoder_restarts"] <= most and
+                          st["decoder_skipped_bytes"] <= 512 << 20,
+                          "%s: %d restarts, %d bytes decoded to get past" % (
+                              opts, st["decoder_restarts"], st["decoder_skipped_bytes"]))
+                else:
+                    check(int(m.ctl("memory.peak")) <= 4 << 20, "%s: over the budget" % opts)
 
 
 if __name__ == "__main__":
