@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Decode tests: raw data read in part, windows decoded on every core,
-buffers reused, big frames decoded once, a decoder per reader.
+buffers reused, big frames decoded once, a decoder per reader, and
+within a share of the budget.
 
-    test_decode.py parts | parallel | buffers | passover | streams
+    test_decode.py parts | parallel | buffers | passover | streams | windows
 """
 import os
 import random
@@ -285,6 +286,33 @@ def test_streams():
                               opts, st["decoder_restarts"], st["decoder_skipped_bytes"]))
                 else:
                     check(int(m.ctl("memory.peak")) <= 4 << 20, "%s: over the budget" % opts)
+
+
+def test_windows():
+    """Sixteen plain zstd files of 5 MiB (each one frame, served in pieces
+    by a decoder with a window) read one after another at budget=16M: the
+    windows of files read before give their room back, so they stay near a
+    quarter of the budget and no read goes without a folio."""
+    require_root_fuse()
+    with tmpdir() as d:
+        os.makedirs(d + "/cli")
+        datas = []
+        for i in range(16):
+            datas.append(text_bytes(5 << 20, 100 + i))
+            with open(d + "/plain", "wb") as f:
+                f.write(datas[-1])
+            subprocess.run(["zstd", "-q", "-3", d + "/plain", "-o",
+                            d + "/cli/f%d.zst" % i], check=True)
+        with Mount(d + "/cli", d + "/mnt", "cache=engine,budget=16M") as m:
+            for i, data in enumerate(datas):
+                with open(d + "/mnt/f%d" % i, "rb") as f:
+                    check(f.read() == data, "f%d differs" % i)
+            st = m.stat()
+            print("decoder windows %.1f MiB, demand charges failed %d" % (
+                st["decoder_windows"] / (1 << 20), st["charge_failures_demand"]))
+            check(st["decoder_windows"] <= (4 << 20) + (3 << 20),
+                  "%d bytes of decoder windows" % st["decoder_windows"])
+            check(st["charge_failures_demand"] == 0, "demand charges failed")
 
 
 if __name__ == "__main__":
