@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
@@ -272,18 +273,40 @@ def test_streams():
                                   "%s: at %d" % (opts, off))
                 finally:
                     os.close(fd)
-                st = m.stat()
+                st0 = m.stat()
                 print("%s: %d restarts, %.1f MiB decoded to get past, "
                       "decoder windows %.1f MiB, peak %s" % (
-                          opts, st["decoder_restarts"],
-                          st["decoder_skipped_bytes"] / (1 << 20),
-                          st["decoder_windows"] / (1 << 20), m.ctl("memory.peak")))
+                          opts, st0["decoder_restarts"],
+                          st0["decoder_skipped_bytes"] / (1 << 20),
+                          st0["decoder_windows"] / (1 << 20), m.ctl("memory.peak")))
+                # then four threads at once, going forwards from random
+                # places: decoders chosen, shared and given back under load
+                errors = []
+
+                def reader(seed):
+                    rnd = random.Random(seed)
+                    rfd = os.open(d + "/mnt/f", os.O_RDONLY)
+                    try:
+                        for _ in range(4):
+                            off = rnd.randrange(0, len(data) - (4 << 20))
+                            for k in range(off, off + (4 << 20), 256 << 10):
+                                if os.pread(rfd, 256 << 10, k) != data[k:k + (256 << 10)]:
+                                    errors.append("%s: thread %d at %d" % (opts, seed, k))
+                                    return
+                    finally:
+                        os.close(rfd)
+                ts = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                check(not errors, "; ".join(errors[:4]))
                 if most is not None:
                     # (one stream: 15 restarts, 967 MiB decoded to get past)
-                    check(st["decoder_restarts"] <= most and
-                          st["decoder_skipped_bytes"] <= 512 << 20,
+                    check(st0["decoder_restarts"] <= most and
+                          st0["decoder_skipped_bytes"] <= 512 << 20,
                           "%s: %d restarts, %d bytes decoded to get past" % (
-                              opts, st["decoder_restarts"], st["decoder_skipped_bytes"]))
+                              opts, st0["decoder_restarts"], st0["decoder_skipped_bytes"]))
                 else:
                     check(int(m.ctl("memory.peak")) <= 4 << 20, "%s: over the budget" % opts)
 
