@@ -21,9 +21,9 @@
  * the youngest pages of all, and the next a stream needs, so they count
  * for no share; a tier's ages are not the other's, and the kernel's one
  * LRU would take the old fills first.  Whatever one tier cannot give, the
- * other is asked for, and readahead not read yet goes last of all: a
- * stream's next windows, which fills still pending in the kernel tier (a
- * chunk cannot go while its fill is in flight) must not push out.
+ * other is asked for, and readahead not read yet goes last of all: it is a
+ * stream's next windows, and when the tier cannot give because its chunks
+ * are fills still in flight, those must not push the windows out.
  */
 static unsigned long cache_shrink(struct group *g, unsigned long nr,
 				  unsigned long *scanned, void *priv)

@@ -603,8 +603,9 @@ static void stream_drop(struct zstream *z)
 
 /*
  * Free the least recently used idle stream of another file: false if none.
- * Not one of mine's file: the reader it follows would start over, and take
- * this one's window in turn (mine's reader shares it instead).
+ * Never another of mine's own file: the reader that one follows would
+ * start over and take a window back in turn (read_split shares one
+ * instead).
  */
 static bool stream_evict_one(struct stream_pool *pool, struct zstream *mine)
 {
