@@ -114,6 +114,12 @@ void cache_destroy(struct cache *c)
 }
 
 #define BITS_PER_WORD (8 * sizeof(unsigned long))
+
+/* The n lowest bits of a 64-bit mask, n <= 64. */
+static unsigned long long low_bits(unsigned int n)
+{
+	return n >= 64 ? ~0ull : (1ull << n) - 1;
+}
 #define BIT_OF(i) (1ul << ((i) % BITS_PER_WORD))
 
 struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
@@ -276,10 +282,7 @@ void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
 	/* by len: a bounce copy has no nr_pages */
 	if (pages_of_bytes(f->len) > 64 || p1 <= p0)
 		return;
-	atomic_fetch_or_explicit(&f->filled,
-				 (p1 - p0 == 64 ? ~0ull
-						: ((1ull << (p1 - p0)) - 1))
-					 << p0,
+	atomic_fetch_or_explicit(&f->filled, low_bits(p1 - p0) << p0,
 				 memory_order_relaxed);
 }
 
@@ -296,7 +299,7 @@ bool folio_note_tiered_fill(struct folio *f, uint64_t from, uint64_t to)
 	unsigned long pages = pages_of_bytes(f->len);
 	unsigned int n = pages < 64 ? (unsigned int)pages : 64;
 	uint64_t part = (uint64_t)((pages + n - 1) / n) << ZF_PAGE_SHIFT;
-	unsigned long long all = n == 64 ? ~0ull : (1ull << n) - 1, bits, old;
+	unsigned long long all = low_bits(n), bits, old;
 	unsigned int c0, c1;
 
 	if (!n || to <= from)
@@ -307,7 +310,7 @@ bool folio_note_tiered_fill(struct folio *f, uint64_t from, uint64_t to)
 		c1 = n;
 	if (c1 <= c0)
 		return false;
-	bits = (c1 - c0 == 64 ? ~0ull : (1ull << (c1 - c0)) - 1) << c0;
+	bits = low_bits(c1 - c0) << c0;
 	old = atomic_fetch_or_explicit(&f->filled, bits, memory_order_relaxed);
 	return old != all && (old | bits) == all;
 }
@@ -328,7 +331,7 @@ void mapping_note_evicted(struct folio *f)
 
 	if (f->nr_pages > 64)
 		return; /* not tracked */
-	all = f->nr_pages == 64 ? ~0ull : (1ull << f->nr_pages) - 1;
+	all = low_bits(f->nr_pages);
 	if (atomic_load_explicit(&f->filled, memory_order_relaxed) == all)
 		atomic_fetch_or_explicit(
 			&f->mapping->in_kernel[f->index / BITS_PER_WORD],

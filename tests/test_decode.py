@@ -214,6 +214,16 @@ def test_buffers():
                   "buffer_pool %d over its bound %d" % (st["buffer_pool"], bound))
 
 
+def plain_zst(d, data, level, name="f"):
+    """data as the zstd CLI writes it at level (one frame), as
+    d/cli/NAME.zst: a tree of foreign files to mount."""
+    os.makedirs(d + "/cli", exist_ok=True)
+    with open(d + "/plain", "wb") as f:
+        f.write(data)
+    subprocess.run(["zstd", "-q", "-f", "-%d" % level, d + "/plain", "-o",
+                    "%s/cli/%s.zst" % (d, name)], check=True)
+
+
 def test_passover():
     """A plain zstd file (one 24 MiB frame, served in 1 MiB pieces, decoded
     from its start) read backwards a page per piece: the pieces the decoder
@@ -222,12 +232,8 @@ def test_passover():
     nothing is kept in passing and the budget holds.  Every byte right."""
     require_root_fuse()
     with tmpdir() as d:
-        os.makedirs(d + "/cli")
         data = text_bytes(24 << 20, 11)
-        with open(d + "/plain", "wb") as f:
-            f.write(data)
-        subprocess.run(["zstd", "-q", "-3", d + "/plain", "-o", d + "/cli/f.zst"],
-                       check=True)
+        plain_zst(d, data, 3)
         for opts, most in (("cache=engine,budget=64M", 2), ("cache=engine,budget=4M", None)):
             with Mount(d + "/cli", d + "/mnt", opts) as m:
                 fd = os.open(d + "/mnt/f", os.O_RDONLY)
@@ -256,12 +262,8 @@ def test_streams():
     two decoder windows they share one, and the budget holds."""
     require_root_fuse()
     with tmpdir() as d:
-        os.makedirs(d + "/cli")
         data = text_bytes(96 << 20, 12)
-        with open(d + "/plain", "wb") as f:
-            f.write(data)
-        subprocess.run(["zstd", "-q", "-1", d + "/plain", "-o", d + "/cli/f.zst"],
-                       check=True)
+        plain_zst(d, data, 1)
         for opts, most, span in (("cache=engine,budget=32M", 8, 48 << 20),
                                  ("cache=engine,budget=4M", None, 4 << 20)):
             with Mount(d + "/cli", d + "/mnt", opts) as m:
@@ -318,14 +320,10 @@ def test_windows():
     quarter of the budget and no read goes without a folio."""
     require_root_fuse()
     with tmpdir() as d:
-        os.makedirs(d + "/cli")
         datas = []
         for i in range(16):
             datas.append(text_bytes(5 << 20, 100 + i))
-            with open(d + "/plain", "wb") as f:
-                f.write(datas[-1])
-            subprocess.run(["zstd", "-q", "-3", d + "/plain", "-o",
-                            d + "/cli/f%d.zst" % i], check=True)
+            plain_zst(d, datas[-1], 3, "f%d" % i)
         with Mount(d + "/cli", d + "/mnt", "cache=engine,budget=16M") as m:
             for i, data in enumerate(datas):
                 with open(d + "/mnt/f%d" % i, "rb") as f:
