@@ -262,5 +262,48 @@ def test_inspect():
         one_line_error(ctl("inspect", dst + "/text.zst"), "a lying table", "seek table")
 
 
+def test_frames():
+    """mkzfolio's frame sizes: by default a big file in 32K frames, small
+    files packed whole in frames of up to 128K (--small); --small above
+    --frame sizes the packs' frames; above 16M it is refused.  Every byte
+    reads back through a mount."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src = d + "/src"
+        os.makedirs(src)
+        files = {"big": text_bytes(300 << 10, 7), "s60": text_bytes(60 << 10, 8),
+                 "s100": text_bytes(100 << 10, 9), "s20": text_bytes(20 << 10, 10)}
+        for name, data in files.items():
+            with open(os.path.join(src, name), "wb") as f:
+                f.write(data)
+
+        def frames(dst):
+            """d_size of the frames of each data file, biggest file first"""
+            out = []
+            for name in sorted(os.listdir(dst + "/data")):
+                info = inspect_zst(dst + "/data/" + name)
+                out.append([f["d_size"] for f in info["frame_list"]])
+            return sorted(out, key=sum, reverse=True)
+
+        pack(src, d + "/dflt")
+        big, packs = frames(d + "/dflt")
+        check(big == [32 << 10] * 9 + [12 << 10], "the big file's frames: %s" % big)
+        check(max(packs) <= 128 << 10 and max(packs) > 32 << 10 and sum(packs) == 180 << 10,
+              "the pack's frames: %s" % packs)
+        with Mount(d + "/dflt", d + "/mnt", "budget=8M"):
+            for name, data in files.items():
+                with open(os.path.join(d, "mnt", name), "rb") as f:
+                    check(f.read() == data, name + " through the mount")
+        pack(src, d + "/small", "--frame", "16K", "--small", "64K")
+        big, s100, packs = frames(d + "/small")
+        check(set(big[:-1]) == {16 << 10} and set(s100[:-1]) == {16 << 10},
+              "big files in 16K frames: %s %s" % (big, s100))
+        check(max(packs) == 64 << 10 or sorted(packs) == [20 << 10, 60 << 10],
+              "packs in frames of up to 64K: %s" % packs)
+        r = subprocess.run([MKZFOLIO, "-q", "--small", "17M", src, d + "/bad"],
+                           capture_output=True, text=True)
+        one_line_error(r, "--small 17M", "--small")
+
+
 if __name__ == "__main__":
     main(globals(), "test_cli.py")

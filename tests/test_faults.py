@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
 
 FRAME = 128 << 10
+AT_FRAME = ("--frame", "128K")  # the damage is placed by FRAME
 
 
 def packed_file(d, size=40 * FRAME + 777, seed=1):
@@ -30,7 +31,7 @@ def packed_file(d, size=40 * FRAME + 777, seed=1):
     data = text_bytes(size, seed)
     with open(src + "/f", "wb") as f:
         f.write(data)
-    pack(src, dst, TREE)
+    pack(src, dst, TREE, *AT_FRAME)
     return data, dst
 
 
@@ -177,7 +178,7 @@ def test_direct():
         rnd = rand_bytes(8 << 20, 5)
         with open(src + "/r", "wb") as f:
             f.write(rnd)
-        pack(src, d + "/rdst")
+        pack(src, d + "/rdst", *AT_FRAME)
         rng = random.Random(3)
         for fault in ("", "direct_einval:1"):
             env = {"ZFOLIO_TEST_FAULT": fault} if fault else {}
@@ -272,7 +273,7 @@ def changed_once(d, cache):
     os.makedirs(d + "/src2")
     with open(d + "/src2/f", "wb") as f:
         f.write(new)
-    pack(d + "/src2", d + "/dst2", TREE)
+    pack(d + "/src2", d + "/dst2", TREE, *AT_FRAME)
     with Mount(dst, d + "/mnt", "budget=32M,cache=" + cache) as m:
         held = open(d + "/mnt/f", "rb")
         check(held.read() == old, "old content")
@@ -294,7 +295,7 @@ def changed_once(d, cache):
         os.makedirs(d + "/src3")
         with open(d + "/src3/f", "wb") as f:
             f.write(same)
-        pack(d + "/src3", d + "/dst3", TREE)
+        pack(d + "/src3", d + "/dst3", TREE, *AT_FRAME)
         with open(d + "/mnt/f", "rb") as f:
             check(f.read() == new, "before the rewrite")
         with open(d + "/dst3/f.zst", "rb") as f, open(dst + "/f.zst", "r+b") as g:
@@ -422,7 +423,7 @@ def test_security():
         os.mkfifo(src + "/fifo")
         os.mknod(src + "/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         os.chmod(src + "/a/inside", 0o4755)  # setuid: nosuid must hold
-        pack(src, dst, TREE)
+        pack(src, dst, TREE, *AT_FRAME)
         with Mount(dst, mnt, "budget=4M") as m:
             opts = [l.split() for l in open("/proc/self/mountinfo") if l.split()[4] == mnt][0]
             check("nosuid" in opts[5] and "nodev" in opts[5], "mount options: " + opts[5])

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
 
 FRAME = 128 << 10
+AT_FRAME = ("--frame", "128K")  # the damage is placed by FRAME
 MAGIC = struct.pack("<I", 0xFD2FB528)
 BUDGET = 4 << 20
 
@@ -73,7 +74,7 @@ def make_dataset(d):
         os.makedirs(os.path.dirname(src + "/" + rel), exist_ok=True)
         with open(src + "/" + rel, "wb") as f:
             f.write(data)
-    pack(src, dst, TREE)
+    pack(src, dst, TREE, *AT_FRAME)
     bad, damaged = {}, {}
     v = dst + "/victim/"
     # 1. a frame with content and no compressed bytes; the sums still add up
@@ -277,7 +278,7 @@ def test_uring():
         data = text_bytes(64 * FRAME, 5)
         with open(src + "/f", "wb") as f:
             f.write(data)
-        pack(src, d + "/dst")
+        pack(src, d + "/dst", *AT_FRAME)
         with Mount(d + "/dst", d + "/mnt", "budget=2M,ra_kb=512",
                    env={"ZFOLIO_TEST_FAULT": "uring_submit:2"}):
             check(read_all(d + "/mnt/f") == data, "content with refused submits")
@@ -316,7 +317,7 @@ def test_stop():
         data = text_bytes(200 * FRAME, 6)
         with open(src + "/f", "wb") as f:
             f.write(data)
-        pack(src, d + "/dst")
+        pack(src, d + "/dst", *AT_FRAME)
         mnt = d + "/mnt"
         # every backing read takes 100 ms: reads are in flight at the signal
         m = Mount(d + "/dst", mnt, "budget=8M,threads=6",

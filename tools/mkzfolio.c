@@ -43,11 +43,13 @@ static void usage(FILE *out)
 		"zstd -d gives back a big file, or the\nsmall files of a "
 		"pack one after another (the manifest says where).\n\n"
 		"  -l, --level N      zstd level (default 3)\n"
-		"      --frame SIZE   content per frame, 4K..16M (default "
-		"128K)\n"
+		"      --frame SIZE   content per frame of a big file, 4K..16M "
+		"(default 32K)\n"
 		"      --small SIZE   packed layout: files up to SIZE are "
-		"packed together\n"
-		"                     (default: the frame size; 0: none)\n"
+		"packed together, in\n"
+		"                     frames of SIZE or --frame, the bigger "
+		"(default 128K, or\n"
+		"                     the frame size if bigger; 0: none)\n"
 		"      --layout L     packed (default), or tree: each file f "
 		"as DST/f.zst\n"
 		"  -j, --threads N    compression threads (default: the "
@@ -360,7 +362,7 @@ static void print_summary(struct packer *pk, bool quiet)
 
 int main(int argc, char **argv)
 {
-	struct packer pk = {.level = 3, .frame = ZSEEK_DEFAULT_FRAME};
+	struct packer pk = {.level = 3, .frame = MKZ_FRAME};
 	struct cli cli = {0};
 	char rsrc[PATH_MAX], rdst[PATH_MAX];
 	struct place src, dst;
@@ -370,10 +372,12 @@ int main(int argc, char **argv)
 	pk.threads = default_threads();
 	parse_options(argc, argv, &pk, &cli);
 	if (!cli.small_set)
-		pk.small = pk.frame;
-	if (pk.small > pk.frame)
-		die("--small %llu is above the frame size: a small file must "
-		    "fit in one frame", (unsigned long long)pk.small);
+		pk.small = pk.frame > MKZ_SMALL ? pk.frame : MKZ_SMALL;
+	if (pk.small > ZSEEK_MAX_FRAME)
+		die("bad --small %llu (0..16M): a small file is packed whole "
+		    "in one frame", (unsigned long long)pk.small);
+	/* a small file is whole in one frame of its pack */
+	pk.pack_frame = pk.small > pk.frame ? (size_t)pk.small : pk.frame;
 	url = store_is_url(cli.dst) ? cli.dst : NULL;
 	if (url)
 		store_prepare(&cli, &pk);

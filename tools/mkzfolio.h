@@ -22,6 +22,15 @@
 #include "../common/common.h"
 #include "../format/format.h"
 
+/*
+ * Frame sizes by default (README, "Frame size"): a big file's frames are
+ * small, as a cold random read decodes one; small files are packed in
+ * bigger frames, as they are read whole and their neighbours compress
+ * them better (the Linux tree: 12% smaller than in 32K frames).
+ */
+#define MKZ_FRAME (32u << 10)
+#define MKZ_SMALL (128u << 10)
+
 #define BATCH_PER_THREAD 4
 #define MAX_THREADS 1024
 
@@ -50,7 +59,8 @@ enum layout { LAYOUT_PACKED, LAYOUT_TREE };
 
 struct packer {
 	int level;
-	size_t frame;
+	size_t frame;            /* content per frame of a big file */
+	size_t pack_frame;       /* of a pack: max(frame, small) */
 	unsigned int threads;
 	bool root, progress;
 	enum layout layout;

@@ -294,7 +294,7 @@ static struct place_in_data pack_append(struct packed *p, int fd,
 		p->pack = data_create(p, p->pack_id, 0);
 		p->pack_flushed = 0;
 	}
-	if (p->frame_len + size > p->pk->frame)
+	if (p->frame_len + size > p->pk->pack_frame)
 		pack_flush_frame(p); /* a file is never split across frames */
 	d.id = p->pack_id;
 	d.off = p->pack_flushed + p->frame_len;
@@ -515,7 +515,7 @@ static void packed_open(struct packed *p, struct packer *pk,
 			0644);
 	if (p->datafd < 0 || p->mfd < 0)
 		die("%s: %s", dst->path, strerror(errno));
-	p->frame = malloc(pk->frame);
+	p->frame = malloc(pk->pack_frame);
 	p->cctx = ZSTD_createCCtx();
 	p->dedup = calloc(1u << DEDUP_BITS, sizeof(*p->dedup));
 	if (!p->frame || !p->cctx || !p->dedup)

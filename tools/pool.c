@@ -256,7 +256,7 @@ static struct job *job_next(struct packer *pk, struct outfile *of)
 	struct job *j = &pk->jobs[pk->njobs];
 
 	j->of = of;
-	j->src = pk->in_arena + (size_t)pk->njobs * pk->frame;
+	j->src = pk->in_arena + (size_t)pk->njobs * pk->pack_frame;
 	j->dst = pk->out_arena + (size_t)pk->njobs * pk->out_cap;
 	j->cap = pk->out_cap;
 	return j;
@@ -410,9 +410,9 @@ void packer_setup(struct packer *pk, bool quiet)
 	pk->root = geteuid() == 0;
 	pk->progress = !quiet && isatty(2);
 	pk->max_jobs = pk->threads * BATCH_PER_THREAD;
-	pk->out_cap = ZSTD_compressBound(pk->frame);
+	pk->out_cap = ZSTD_compressBound(pk->pack_frame);
 	pk->jobs = calloc(pk->max_jobs, sizeof(*pk->jobs));
-	pk->in_arena = malloc(pk->max_jobs * pk->frame);
+	pk->in_arena = malloc(pk->max_jobs * pk->pack_frame);
 	pk->out_arena = malloc(pk->max_jobs * pk->out_cap);
 	pk->tids = calloc(pk->threads, sizeof(*pk->tids));
 	if (!pk->jobs || !pk->in_arena || !pk->out_arena || !pk->tids)
