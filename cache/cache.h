@@ -259,6 +259,7 @@ struct fill_pool {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct cds_list_head queue; /* works with folios left to claim */
+	atomic_uint active;         /* works alive: windows being filled */
 	unsigned int want, nthreads;
 	pthread_t *threads;
 	bool stop;

@@ -6,7 +6,9 @@
  * folio a fill thread has claimed (held back on purpose) waits for it; a
  * damaged frame in the speculative part is EIO for its reader only; random
  * readers on a budget much smaller than the data never see it exceeded and
- * get every byte right; a cache stopped with work in the queue finishes it.
+ * get every byte right; a cache stopped with work in the queue finishes it;
+ * a window is not shared while more are being filled than there are fill
+ * threads.
  */
 #include <pthread.h>
 
@@ -290,6 +292,40 @@ static void test_storm(void)
 	fprintf(stderr, "  %ld reads\n", atomic_load(&st.reads));
 }
 
+static void no_done(struct fill_work *w)
+{
+	(void)w;
+}
+
+/* Three windows being filled on two fill threads: the third is not shared. */
+static void test_busy_not_shared(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct fill_batch b = {0};
+	struct fill_work w[3];
+	unsigned int order[2] = {0, 1};
+
+	setup_fills(&c, 1 << 16, 2);
+	m = fake_mapping(&c, 16ull * FOLIO);
+	b.mapping = m;
+	/* two windows with nothing left to claim, still owned */
+	for (int i = 0; i < 2; i++)
+		fill_work_init(&w[i], &b, order, 0, 0, no_done);
+	fill_work_init(&w[2], &b, order, 2, 2, no_done);
+	CHECK_EQ(atomic_load(&c.fills.active), 3u);
+	CHECK(!fill_work_share(&c, &w[2]));
+	CHECK(!w[2].shared);
+	for (int i = 0; i < 2; i++)
+		fill_work_put(&w[i]);
+	/* w[2]'s folios were never there: let it go as if filled */
+	atomic_store(&w[2].left, 1);
+	fill_work_put(&w[2]);
+	CHECK_EQ(atomic_load(&c.fills.active), 0u);
+	mapping_put(m);
+	teardown(&c);
+}
+
 int main(void)
 {
 	cache_thread_register();
@@ -299,6 +335,7 @@ int main(void)
 	RUN(test_waiter_sleeps);
 	RUN(test_bad_frame);
 	RUN(test_storm);
+	RUN(test_busy_not_shared);
 	cache_thread_unregister();
 	return check_done();
 }
