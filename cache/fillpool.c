@@ -14,8 +14,8 @@
  * Only while the cores have room: a work is shared while no more windows
  * than there are fill threads (the cores) are being filled.  More at once
  * keep their workers busy on every core, and a shared window then only
- * adds wakeups and lock traffic (four readers of 32K
- * frames on the kernel tier: 467-564 MiB/s shared, 574-732 not).
+ * adds wakeups and lock traffic (four readers of 32K frames on the kernel
+ * tier: 467-564 MiB/s shared, 574-732 not).
  *
  * A fill never waits for another folio, for backing I/O (the worker waited
  * for the window's reads before sharing it) or for a request: fill threads

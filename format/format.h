@@ -46,6 +46,8 @@
 /* Smallest and largest frame size mkzfolio writes */
 #define ZSEEK_MIN_FRAME (4u << 10)
 #define ZSEEK_MAX_FRAME (16u << 20)
+/* A plain file's folio, and the I/O size files report (st_blksize); what
+ * mkzfolio writes by default is in tools/mkzfolio.h */
 #define ZSEEK_DEFAULT_FRAME (128u << 10)
 
 enum zseek_kind {
