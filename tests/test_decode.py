@@ -46,8 +46,8 @@ def reread(path, data, offs):
 
 def test_parts():
     """Random small reads of raw data (incompressible files as mkzfolio
-    and the zstd CLI write them, with and without checksums, 128K and 256K
-    frames of one and two raw blocks, reads across a block header, plain
+    and the zstd CLI write them, with and without checksums, 32K, 128K and
+    256K frames of one and two raw blocks, reads across a block header, plain
     files) are served from the backing bytes alone (part_reads), every byte
     right; the same folios read again soon are filled and cached, and read
     in part again after more fills than the budget holds; compressed frames
@@ -59,7 +59,7 @@ def test_parts():
         rnd = rand_bytes(16 << 20, 11)
         with open(src + "/rand", "wb") as f:
             f.write(rnd)
-        for frame in ("128K", "256K"):
+        for frame in ("32K", "128K", "256K"):
             dst = d + "/ds" + frame
             pack(src, dst, "--frame", frame)
             # the 256K frames with plain preads (no ring: the reads of a
@@ -69,7 +69,7 @@ def test_parts():
             opts = "budget=64M,cache=engine" + (",backing_io=pread" if frame == "256K"
                                                 else "")
             with Mount(dst, mnt, opts) as m:
-                # mostly distinct frames: 40 reads in 128 or 64 of them
+                # mostly distinct frames: 40 reads in 512, 128 or 64 of them
                 offs = random_small_reads(mnt + "/rand", rnd, 40, 1)
                 # across the header between a 256K frame's two blocks
                 with open(mnt + "/rand", "rb") as f:
