@@ -114,13 +114,13 @@ void cache_destroy(struct cache *c)
 }
 
 #define BITS_PER_WORD (8 * sizeof(unsigned long))
+#define BIT_OF(i) (1ul << ((i) % BITS_PER_WORD))
 
 /* The n lowest bits of a 64-bit mask, n <= 64. */
 static unsigned long long low_bits(unsigned int n)
 {
 	return n >= 64 ? ~0ull : (1ull << n) - 1;
 }
-#define BIT_OF(i) (1ul << ((i) % BITS_PER_WORD))
 
 struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
 			       void *host, uint64_t size,

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
 
 FRAME = 128 << 10
-AT_FRAME = ("--frame", "128K")  # the damage is placed by FRAME
+AT_FRAME = ("--frame", "%dK" % (FRAME >> 10))  # the damage is placed by FRAME
 
 
 def packed_file(d, size=40 * FRAME + 777, seed=1):

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
 
 FRAME = 128 << 10
-AT_FRAME = ("--frame", "128K")  # the damage is placed by FRAME
+AT_FRAME = ("--frame", "%dK" % (FRAME >> 10))  # the damage is placed by FRAME
 MAGIC = struct.pack("<I", 0xFD2FB528)
 BUDGET = 4 << 20
 
