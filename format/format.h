@@ -65,6 +65,28 @@ struct zseek_frame {
 	bool sized;      /* content size came from a table or header */
 };
 
+/*
+ * An index holds its frames in one of two forms.  It is built wide (frames,
+ * 40 bytes a frame), then packed where the frames allow (17 bytes a frame):
+ * per group of ZSEEK_GROUP frames, where its first frame and its content
+ * start; per frame, 32-bit offsets from those, its compressed size and its
+ * checksum; a frame's content size is the distance to the next frame's
+ * content.  A compressed frame of 4 GiB or more, or a group spanning that
+ * much, keeps the index wide (a foreign file written as one big frame).
+ * Read a frame with zseek_frame_at(), whichever the form.
+ */
+#define ZSEEK_GROUP_SHIFT 4
+#define ZSEEK_GROUP (1u << ZSEEK_GROUP_SHIFT)
+
+struct zseek_group {
+	uint64_t c_off, d_off; /* of the group's first frame */
+};
+
+struct zseek_packed {
+	uint32_t c_rel, d_rel; /* from the group's first frame */
+	uint32_t c_size, checksum;
+};
+
 struct zseek_index {
 	enum zseek_kind kind;
 	bool has_checksum;
@@ -72,8 +94,39 @@ struct zseek_index {
 	uint64_t content_size;
 	uint32_t nframes;
 	uint32_t nunsized; /* frames whose size needed a full decode */
-	struct zseek_frame *frames;
+	struct zseek_frame *frames; /* the wide form, or NULL */
+	struct zseek_group *groups; /* the packed form */
+	struct zseek_packed *packed;
 };
+
+static inline uint64_t zseek_frame_d_off(const struct zseek_index *idx,
+					 uint32_t i)
+{
+	if (idx->frames)
+		return idx->frames[i].d_off;
+	return idx->groups[i >> ZSEEK_GROUP_SHIFT].d_off + idx->packed[i].d_rel;
+}
+
+/* Frame i of idx (i < nframes). */
+static inline struct zseek_frame zseek_frame_at(const struct zseek_index *idx,
+						uint32_t i)
+{
+	const struct zseek_packed *p;
+	struct zseek_frame fr;
+
+	if (idx->frames)
+		return idx->frames[i];
+	p = &idx->packed[i];
+	fr.c_off = idx->groups[i >> ZSEEK_GROUP_SHIFT].c_off + p->c_rel;
+	fr.d_off = zseek_frame_d_off(idx, i);
+	fr.c_size = p->c_size;
+	fr.d_size = (i + 1 < idx->nframes ? zseek_frame_d_off(idx, i + 1)
+					  : idx->content_size) -
+		    fr.d_off;
+	fr.checksum = p->checksum;
+	fr.sized = true;
+	return fr;
+}
 
 /* Reads len bytes at off; returns bytes read or a negative errno. */
 typedef ssize_t (*zseek_read_fn)(void *ctx, void *buf, size_t len,
@@ -88,6 +141,11 @@ int zseek_parse_seek_table(zseek_read_fn rd, void *ctx, uint64_t file_size,
 int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 		      struct zseek_index *idx, char *err, size_t errlen);
 void zseek_index_free(struct zseek_index *idx);
+/* Pack a wide index where its frames allow (zseek_index_build does);
+ * -ENOMEM leaves it wide. */
+int zseek_index_pack(struct zseek_index *idx);
+/* Bytes the index's frames take. */
+size_t zseek_index_bytes(const struct zseek_index *idx);
 uint64_t zseek_max_content(uint64_t c_size);
 int zseek_content_size(zseek_read_fn rd, void *ctx, uint64_t file_size,
 		       uint64_t *size, char *err, size_t errlen);

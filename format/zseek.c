@@ -105,8 +105,79 @@ ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off)
 void zseek_index_free(struct zseek_index *idx)
 {
 	free(idx->frames);
+	free(idx->groups);
+	free(idx->packed);
 	idx->frames = NULL;
+	idx->groups = NULL;
+	idx->packed = NULL;
 	idx->nframes = 0;
+}
+
+/* Whether the wide frames fit the packed form: 32-bit sizes and offsets
+ * within a group, and each frame's content right after the one before. */
+static bool packable(const struct zseek_index *idx)
+{
+	const struct zseek_frame *fr = idx->frames;
+	uint64_t d = 0;
+
+	for (uint32_t i = 0; i < idx->nframes; i++) {
+		const struct zseek_frame *base = &fr[i & ~(ZSEEK_GROUP - 1)];
+
+		if (fr[i].d_off != d || fr[i].c_size > UINT32_MAX ||
+		    fr[i].c_off < base->c_off ||
+		    fr[i].c_off - base->c_off > UINT32_MAX ||
+		    fr[i].d_off - base->d_off > UINT32_MAX)
+			return false;
+		d += fr[i].d_size;
+	}
+	return d == idx->content_size;
+}
+
+int zseek_index_pack(struct zseek_index *idx)
+{
+	const struct zseek_frame *fr = idx->frames;
+	uint32_t ngroups;
+
+	if (!fr || !idx->nframes || !packable(idx))
+		return 0;
+	ngroups = (idx->nframes + ZSEEK_GROUP - 1) >> ZSEEK_GROUP_SHIFT;
+	idx->groups = malloc(ngroups * sizeof(*idx->groups));
+	idx->packed = malloc(idx->nframes * sizeof(*idx->packed));
+	if (!idx->groups || !idx->packed) {
+		free(idx->groups);
+		free(idx->packed);
+		idx->groups = NULL;
+		idx->packed = NULL;
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < idx->nframes; i++) {
+		const struct zseek_frame *base = &fr[i & ~(ZSEEK_GROUP - 1)];
+
+		if (base == &fr[i])
+			idx->groups[i >> ZSEEK_GROUP_SHIFT] =
+				(struct zseek_group){fr[i].c_off, fr[i].d_off};
+		idx->packed[i] = (struct zseek_packed){
+			.c_rel = (uint32_t)(fr[i].c_off - base->c_off),
+			.d_rel = (uint32_t)(fr[i].d_off - base->d_off),
+			.c_size = (uint32_t)fr[i].c_size,
+			.checksum = fr[i].checksum,
+		};
+	}
+	free(idx->frames);
+	idx->frames = NULL;
+	return 0;
+}
+
+size_t zseek_index_bytes(const struct zseek_index *idx)
+{
+	size_t ngroups = (idx->nframes + ZSEEK_GROUP - 1) >> ZSEEK_GROUP_SHIFT;
+
+	if (idx->frames)
+		return idx->nframes * sizeof(*idx->frames);
+	if (!idx->packed)
+		return 0;
+	return ngroups * sizeof(*idx->groups) +
+	       idx->nframes * sizeof(*idx->packed);
 }
 
 /* The seek table's place: where its entries start and how it is laid out. */
@@ -461,15 +532,18 @@ int zseek_index_build(zseek_read_fn rd, void *ctx, uint64_t file_size,
 	    (le32(magic) & ZSEEK_SKIPPABLE_MASK) != ZSEEK_SKIPPABLE_START)
 		return fail(err, errlen, -EBADMSG, "not a zstd file");
 	r = zseek_parse_seek_table(rd, ctx, file_size, idx, err, errlen);
-	if (r != -ENOENT)
-		return r;
-	r = zseek_walk_frames(rd, ctx, file_size, idx, err, errlen);
-	if (r)
-		return r;
-	r = measure_unsized(rd, ctx, idx, err, errlen);
-	if (r)
+	if (r == -ENOENT) {
+		r = zseek_walk_frames(rd, ctx, file_size, idx, err, errlen);
+		if (r)
+			return r;
+		r = measure_unsized(rd, ctx, idx, err, errlen);
+	}
+	if (r) {
 		zseek_index_free(idx);
-	return r;
+		return r;
+	}
+	(void)zseek_index_pack(idx); /* out of memory: it stays wide */
+	return 0;
 }
 
 uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos)
@@ -479,7 +553,7 @@ uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos)
 	while (lo < hi) {
 		uint32_t mid = lo + (hi - lo + 1) / 2;
 
-		if (idx->frames[mid].d_off <= pos)
+		if (zseek_frame_d_off(idx, mid) <= pos)
 			lo = mid;
 		else
 			hi = mid - 1;
@@ -711,7 +785,8 @@ int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 		      const struct zseek_index *idx, uint32_t frame,
 		      uint64_t off_in_frame, void *dst, size_t len)
 {
-	const struct zseek_frame *fr = &idx->frames[frame];
+	const struct zseek_frame frame_v = zseek_frame_at(idx, frame);
+	const struct zseek_frame *fr = &frame_v;
 	int64_t r;
 
 	if (off_in_frame + len > fr->d_size)

@@ -108,34 +108,41 @@ int zfile_build_geometry(struct zfile *f)
 		return f->parts ? 0 : -ENOMEM;
 	}
 	for (uint32_t i = 0; i < idx->nframes; i++) {
-		const struct zseek_frame *fr = &idx->frames[i];
+		struct zseek_frame fr = zseek_frame_at(idx, i);
 
-		if (frame_split(fr)) {
+		if (frame_split(&fr)) {
 			split = true;
-			n += (unsigned long)((fr->d_size + ZSEEK_SUBFOLIO - 1) /
+			n += (unsigned long)((fr.d_size + ZSEEK_SUBFOLIO - 1) /
 					     ZSEEK_SUBFOLIO);
 		} else {
 			n++;
 		}
-		if (i + 1 < idx->nframes && fr->d_size != idx->frames[0].d_size)
+		if (i + 1 < idx->nframes &&
+		    fr.d_size != zseek_frame_at(idx, 0).d_size)
 			fixed = false;
 	}
 	f->nslots = n;
-	f->starts = calloc(n + 1, sizeof(*f->starts));
 	f->parts = calloc(n ? n : 1, sizeof(*f->parts));
+	if (!f->parts)
+		return -ENOMEM;
+	/* frames of one size: a folio's place is its index times that */
+	if (!split && fixed && idx->nframes) {
+		f->folio_size = (uint32_t)zseek_frame_at(idx, 0).d_size;
+		return 0;
+	}
+	f->starts = calloc(n + 1, sizeof(*f->starts));
 	if (split) {
 		f->slot_frame = calloc(n ? n : 1, sizeof(*f->slot_frame));
 		f->slot_skip = calloc(n ? n : 1, sizeof(*f->slot_skip));
 	}
-	if (!f->starts || !f->parts ||
-	    (split && (!f->slot_frame || !f->slot_skip)))
+	if (!f->starts || (split && (!f->slot_frame || !f->slot_skip)))
 		return -ENOMEM;
 	for (uint32_t i = 0; i < idx->nframes; i++) {
-		const struct zseek_frame *fr = &idx->frames[i];
-		uint64_t step = frame_split(fr) ? ZSEEK_SUBFOLIO : fr->d_size;
+		struct zseek_frame fr = zseek_frame_at(idx, i);
+		uint64_t step = frame_split(&fr) ? ZSEEK_SUBFOLIO : fr.d_size;
 
-		for (uint64_t off = 0; off < fr->d_size; off += step, k++) {
-			f->starts[k] = fr->d_off + off;
+		for (uint64_t off = 0; off < fr.d_size; off += step, k++) {
+			f->starts[k] = fr.d_off + off;
 			if (split) {
 				f->slot_frame[k] = i;
 				f->slot_skip[k] = off;
@@ -143,8 +150,6 @@ int zfile_build_geometry(struct zfile *f)
 		}
 	}
 	f->starts[n] = idx->content_size;
-	if (!split && fixed && idx->nframes)
-		f->folio_size = (uint32_t)idx->frames[0].d_size;
 	return 0;
 }
 
@@ -155,7 +160,12 @@ static uint32_t slot_frame(const struct zfile *f, unsigned long i)
 
 static bool slot_split(const struct zfile *f, unsigned long i)
 {
-	return f->slot_frame && frame_split(&f->idx.frames[f->slot_frame[i]]);
+	struct zseek_frame fr;
+
+	if (!f->slot_frame)
+		return false;
+	fr = zseek_frame_at(&f->idx, f->slot_frame[i]);
+	return frame_split(&fr);
 }
 
 /* The compressed bytes of a batch, read in as few reads as it takes. */
@@ -342,13 +352,15 @@ static int batch_alloc(struct fill_batch *b, struct batch_io **out)
 	return 0;
 }
 
-/* The frame of batch folio i, when it is read as a whole (not split). */
-static const struct zseek_frame *batch_frame(struct fill_batch *b,
-					     struct zfile *f, unsigned int i)
+/* The frame of batch folio i into *fr, when it is read as a whole (not
+ * split): false if not. */
+static bool batch_frame(struct fill_batch *b, struct zfile *f, unsigned int i,
+			struct zseek_frame *fr)
 {
 	if (!b->folios[i] || slot_split(f, b->start + i))
-		return NULL;
-	return &f->idx.frames[slot_frame(f, b->start + i)];
+		return false;
+	*fr = zseek_frame_at(&f->idx, slot_frame(f, b->start + i));
+	return true;
 }
 
 /* Folios from i on whose frames follow each other in the file: run k. */
@@ -357,18 +369,19 @@ static unsigned int batch_run(struct fill_batch *b, struct zfile *f,
 			      unsigned int k, size_t pos)
 {
 	struct ring_read *r = &io->runs[k];
-	const struct zseek_frame *fr = batch_frame(b, f, i);
+	struct zseek_frame fr;
 	unsigned int j;
 
-	r->off = fr->c_off;
+	batch_frame(b, f, i, &fr);
+	r->off = fr.c_off;
 	r->dst = io->buf + pos;
 	r->len = 0;
-	for (j = i; j < b->nr && (fr = batch_frame(b, f, j)); j++) {
-		if (fr->c_off != r->off + r->len)
+	for (j = i; j < b->nr && batch_frame(b, f, j, &fr); j++) {
+		if (fr.c_off != r->off + r->len)
 			break;
 		io->off[j] = pos + r->len;
 		io->run[j] = k;
-		r->len += fr->c_size;
+		r->len += fr.c_size;
 	}
 	return j;
 }
@@ -397,6 +410,7 @@ static int zfile_submit(struct fill_batch *b)
 {
 	struct zfile *f = b->mapping->host;
 	struct batch_io *io;
+	struct zseek_frame fr;
 	size_t total = 0, pos = 0, frames = 0;
 	bool direct;
 	int err = batch_alloc(b, &io);
@@ -412,8 +426,8 @@ static int zfile_submit(struct fill_batch *b)
 	for (unsigned int i = 0; i < b->nr && !b->serial; i++)
 		b->serial = b->folios[i] && slot_split(f, b->start + i);
 	for (unsigned int i = 0; i < b->nr; i++)
-		if (batch_frame(b, f, i)) {
-			total += batch_frame(b, f, i)->c_size;
+		if (batch_frame(b, f, i, &fr)) {
+			total += fr.c_size;
 			frames++;
 		}
 	if (!total)
@@ -437,7 +451,7 @@ static int zfile_submit(struct fill_batch *b)
 			return -ENOMEM;
 	}
 	for (unsigned int i = 0, j; i < b->nr; i = j) {
-		if (!batch_frame(b, f, i)) {
+		if (!batch_frame(b, f, i, &fr)) {
 			j = i + 1;
 			continue;
 		}
@@ -766,7 +780,8 @@ static int read_split(struct zfile *f, unsigned long slot, void *dst,
 		      size_t len, struct group *g)
 {
 	uint32_t frame = f->slot_frame[slot];
-	const struct zseek_frame *fr = &f->idx.frames[frame];
+	const struct zseek_frame frame_v = zseek_frame_at(&f->idx, frame);
+	const struct zseek_frame *fr = &frame_v;
 	struct zstream *z = stream_choose(f, frame, f->slot_skip[slot]);
 	int r;
 
@@ -834,6 +849,7 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	struct batch_io *io = b->fs_priv;
 	struct folio *fo = b->folios[i];
 	unsigned long slot = b->start + i;
+	struct zseek_frame fr;
 	ZSTD_DCtx *dctx;
 
 	int err;
@@ -849,9 +865,9 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	dctx = dctx_of();
 	if (!dctx)
 		return -ENOMEM;
-	return zseek_decode_frame(dctx, &f->idx.frames[slot_frame(f, slot)],
-				  f->idx.has_checksum, io->buf + io->off[i],
-				  fo->data);
+	fr = zseek_frame_at(&f->idx, slot_frame(f, slot));
+	return zseek_decode_frame(dctx, &fr, f->idx.has_checksum,
+				  io->buf + io->off[i], fo->data);
 }
 
 /*
@@ -920,7 +936,8 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 			  unsigned long index, void *buf)
 {
 	uint32_t len = mapping_folio_len(m, index);
-	const struct zseek_frame *fr;
+	struct zseek_frame frame_v;
+	const struct zseek_frame *fr = &frame_v;
 	ZSTD_DCtx *dctx;
 	void *src;
 	ssize_t n;
@@ -932,7 +949,7 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 	}
 	if (slot_split(f, index))
 		return read_split(f, index, buf, len, NULL);
-	fr = &f->idx.frames[slot_frame(f, index)];
+	frame_v = zseek_frame_at(&f->idx, slot_frame(f, index));
 	dctx = dctx_of();
 	src = cache_buf_get(m->cache, fr->c_size);
 	if (!src || !dctx) {
@@ -1208,6 +1225,7 @@ static int part_read(struct zfile *f, struct mapping *m, void *io_ctx,
 		     unsigned long index, uint32_t off, uint32_t len,
 		     void *buf)
 {
+	struct zseek_frame fr;
 	ssize_t n;
 
 	if (f->idx.kind == ZSEEK_RAW) {
@@ -1215,7 +1233,8 @@ static int part_read(struct zfile *f, struct mapping *m, void *io_ctx,
 		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
 	}
 	/* a slot of a split frame starts slot_skip into it */
-	return part_read_frame(f, io_ctx, &f->idx.frames[slot_frame(f, index)],
+	fr = zseek_frame_at(&f->idx, slot_frame(f, index));
+	return part_read_frame(f, io_ctx, &fr,
 			       off + (f->slot_skip ? f->slot_skip[index] : 0),
 			       len, buf);
 }
@@ -1225,6 +1244,7 @@ static int zfile_read_part(struct mapping *m, void *io_ctx,
 			   void *buf)
 {
 	struct zfile *f = m->host;
+	struct zseek_frame fr;
 	int r;
 
 	/* in a store a request costs more than a frame's bytes: one request
@@ -1232,10 +1252,11 @@ static int zfile_read_part(struct mapping *m, void *io_ctx,
 	if (!f->parts || index >= f->nslots || f->obj)
 		return -EAGAIN;
 	/* a compressed frame (never smaller than its content if raw) */
-	if (f->idx.kind != ZSEEK_RAW &&
-	    f->idx.frames[slot_frame(f, index)].c_size <=
-		    f->idx.frames[slot_frame(f, index)].d_size)
-		return -EAGAIN;
+	if (f->idx.kind != ZSEEK_RAW) {
+		fr = zseek_frame_at(&f->idx, slot_frame(f, index));
+		if (fr.c_size <= fr.d_size)
+			return -EAGAIN;
+	}
 	if (!part_due(f, m, index))
 		return -EAGAIN;
 	r = zfile_fd_get(f);

@@ -25,7 +25,7 @@ static pthread_mutex_t meta_lock = PTHREAD_MUTEX_INITIALIZER;
 long zfile_meta_bytes(const struct zfile *f)
 {
 	long n = (long)sizeof(*f) + (long)strlen(f->path) + 1 +
-		 (long)f->idx.nframes * (long)sizeof(*f->idx.frames);
+		 (long)zseek_index_bytes(&f->idx);
 
 	if (f->starts)
 		n += (long)(f->nslots + 1) * (long)sizeof(*f->starts);

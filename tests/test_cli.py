@@ -3,7 +3,8 @@
 """The tools' command lines: what zfolio, mkzfolio and zfolioctl say, and
 what zfolioctl makes of the path, the mount and the file it is given.
 
-    test_cli.py version | not_mount | groups | writes | stat | inspect
+    test_cli.py version | not_mount | groups | writes | stat | inspect |
+                frames | index
 """
 import os
 import re
@@ -302,6 +303,34 @@ def test_frames():
         r = subprocess.run([MKZFOLIO, "-q", "--small", "17M", src, d + "/bad"],
                            capture_output=True, text=True)
         one_line_error(r, "--small 17M", "--small")
+
+
+def test_index():
+    """A file's frame index is charged to the budget at about 30 bytes a
+    frame (the packed index, a cache slot and a part-read counter), not
+    the 60 of an index kept wide: 4096 frames of 4K."""
+    require_root_fuse()
+    with tmpdir() as d:
+        data = text_bytes(16 << 20, 11)
+        src, dst = d + "/src", d + "/dst"
+        os.makedirs(src)
+        with open(src + "/f", "wb") as f:
+            f.write(data)
+        pack(src, dst, "--frame", "4K")
+        frames = len(inspect_zst(dst + "/data/" + os.listdir(dst + "/data")[0])
+                     ["frame_list"])
+        check(frames == 4096, "%d frames" % frames)
+        with Mount(dst, d + "/mnt", "budget=64M") as m:
+            path = os.path.join(d, "mnt", "f")
+            os.stat(path)
+            before = m.stat()["slab_reclaimable"]
+            with open(path, "rb") as f:
+                check(f.read(4096) == data[:4096], "the first page")
+                grown = m.stat()["slab_reclaimable"] - before
+            check(0 < grown <= frames * 32 + 8192,
+                  "the index of %d frames took %d bytes" % (frames, grown))
+            with open(path, "rb") as f:
+                check(f.read() == data, "every byte through the mount")
 
 
 if __name__ == "__main__":

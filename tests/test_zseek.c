@@ -89,7 +89,8 @@ static int read_content(struct membuf *m, const struct zseek_index *idx,
 
 	while (len && !err) {
 		uint32_t f = zseek_find_frame(idx, off);
-		const struct zseek_frame *fr = &idx->frames[f];
+		const struct zseek_frame frame_v = zseek_frame_at(idx, f);
+		const struct zseek_frame *fr = &frame_v;
 		unsigned char *buf = malloc(fr->d_size);
 		uint64_t skip = off - fr->d_off;
 		size_t n = fr->d_size - skip < len ? fr->d_size - skip : len;
@@ -131,6 +132,12 @@ static void test_round_trip(void)
 			CHECK_EQ(idx.kind, ZSEEK_SEEKABLE);
 			CHECK_EQ(idx.content_size, len);
 			CHECK(idx.has_checksum);
+			/* mkzfolio's frames always fit the packed form */
+			CHECK(!len || (idx.packed && !idx.frames));
+			CHECK_EQ(zseek_index_bytes(&idx),
+				 len ? ((idx.nframes + 15) / 16) * 16 +
+					       idx.nframes * 16
+				     : 0);
 			if (len) {
 				CHECK_EQ(read_content(&m, &idx, 0, len, got),
 					 0);
@@ -280,7 +287,8 @@ static void test_truncated(void)
 		}
 		/* what indexes must stay within the file */
 		for (uint32_t i = 0; i < idx.nframes; i++)
-			CHECK(idx.frames[i].c_off + idx.frames[i].c_size <=
+			CHECK(zseek_frame_at(&idx, i).c_off +
+				      zseek_frame_at(&idx, i).c_size <=
 			      cut);
 		zseek_index_free(&idx);
 	}
@@ -356,23 +364,26 @@ static void test_corrupt_frame(void)
 				   sizeof(err)),
 		 0);
 	/* flip a byte in the middle of frame 3's compressed data */
-	m.p[idx.frames[3].c_off + idx.frames[3].c_size / 2] ^= 0x55;
+	struct zseek_frame f3 = zseek_frame_at(&idx, 3);
+
+	m.p[f3.c_off + f3.c_size / 2] ^= 0x55;
 	for (uint32_t i = 0; i < idx.nframes; i++) {
-		const struct zseek_frame *fr = &idx.frames[i];
-		int r = zseek_decode_frame(d, fr, true, m.p + fr->c_off, got);
+		struct zseek_frame fr = zseek_frame_at(&idx, i);
+		int r = zseek_decode_frame(d, &fr, true, m.p + fr.c_off, got);
 
 		if (i == 3)
 			CHECK_EQ(r, -EBADMSG);
 		else
 			CHECK_EQ(r, 0);
 	}
-	m.p[idx.frames[3].c_off + idx.frames[3].c_size / 2] ^= 0x55;
+	m.p[f3.c_off + f3.c_size / 2] ^= 0x55;
 	/* a checksum mismatch on frame 5 only */
-	idx.frames[5].checksum ^= 1;
 	for (uint32_t i = 0; i < idx.nframes; i++) {
-		const struct zseek_frame *fr = &idx.frames[i];
-		int r = zseek_decode_frame(d, fr, true, m.p + fr->c_off, got);
+		struct zseek_frame fr = zseek_frame_at(&idx, i);
+		int r;
 
+		fr.checksum ^= i == 5;
+		r = zseek_decode_frame(d, &fr, true, m.p + fr.c_off, got);
 		CHECK_EQ(r, i == 5 ? -EBADMSG : 0);
 	}
 	zseek_index_free(&idx);
@@ -488,6 +499,77 @@ static void test_raw_frames(void)
 	free(out);
 }
 
+/* A wide index of n frames of c and d bytes each, content after content. */
+static void wide_index(struct zseek_index *idx, uint32_t n, uint64_t c,
+		       uint64_t d)
+{
+	memset(idx, 0, sizeof(*idx));
+	idx->frames = calloc(n, sizeof(*idx->frames));
+	CHECK(idx->frames != NULL);
+	idx->nframes = n;
+	for (uint32_t i = 0; i < n; i++)
+		idx->frames[i] = (struct zseek_frame){
+			.c_off = 7 + i * c, .d_off = i * d, .c_size = c,
+			.d_size = d, .checksum = 0x9e3779b9u * i,
+			.sized = true};
+	idx->content_size = n * d;
+}
+
+/* Packing keeps every frame as it was, or keeps the index wide. */
+static void test_pack(void)
+{
+	struct zseek_index idx;
+	struct zseek_frame *was;
+	const uint32_t n = 3 * ZSEEK_GROUP + 5;
+
+	/* frames of mkzfolio's sizes, over several groups: packed */
+	wide_index(&idx, n, 9000, 32768);
+	idx.frames[n - 1].d_size = 100; /* a short last frame */
+	idx.content_size -= 32768 - 100;
+	was = malloc(n * sizeof(*was));
+	memcpy(was, idx.frames, n * sizeof(*was));
+	CHECK_EQ(zseek_index_pack(&idx), 0);
+	CHECK(idx.packed && !idx.frames);
+	CHECK_EQ(zseek_index_bytes(&idx), 4 * 16 + n * 16);
+	for (uint32_t i = 0; i < n; i++) {
+		struct zseek_frame fr = zseek_frame_at(&idx, i);
+
+		CHECK_EQ(fr.c_off, was[i].c_off);
+		CHECK_EQ(fr.c_size, was[i].c_size);
+		CHECK_EQ(fr.d_off, was[i].d_off);
+		CHECK_EQ(fr.d_size, was[i].d_size);
+		CHECK_EQ(fr.checksum, was[i].checksum);
+		CHECK_EQ(zseek_find_frame(&idx, was[i].d_off), i);
+		CHECK_EQ(zseek_find_frame(&idx, was[i].d_off + was[i].d_size - 1),
+			 i);
+	}
+	free(was);
+	zseek_index_free(&idx);
+
+	/* a frame of 4 GiB compressed (a foreign file as one frame): wide */
+	wide_index(&idx, 3, 1ull << 32, 1ull << 33);
+	CHECK_EQ(zseek_index_pack(&idx), 0);
+	CHECK(idx.frames && !idx.packed);
+	CHECK_EQ(zseek_frame_at(&idx, 1).c_size, 1ull << 32);
+	CHECK_EQ(zseek_index_bytes(&idx), 3 * sizeof(struct zseek_frame));
+	zseek_index_free(&idx);
+
+	/* frames under 4 GiB, but a group spanning more: wide */
+	wide_index(&idx, ZSEEK_GROUP, 1ull << 29, 1ull << 30);
+	CHECK_EQ(zseek_index_pack(&idx), 0);
+	CHECK(idx.frames && !idx.packed);
+	CHECK_EQ(zseek_frame_at(&idx, ZSEEK_GROUP - 1).d_off,
+		 (uint64_t)(ZSEEK_GROUP - 1) << 30);
+	zseek_index_free(&idx);
+
+	/* content that is not contiguous (never built so): wide */
+	wide_index(&idx, 4, 100, 200);
+	idx.frames[2].d_off += 1;
+	CHECK_EQ(zseek_index_pack(&idx), 0);
+	CHECK(idx.frames && !idx.packed);
+	zseek_index_free(&idx);
+}
+
 int main(void)
 {
 	RUN(test_round_trip);
@@ -498,5 +580,6 @@ int main(void)
 	RUN(test_corrupt_frame);
 	RUN(test_not_zstd);
 	RUN(test_raw_frames);
+	RUN(test_pack);
 	return check_done();
 }

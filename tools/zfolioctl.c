@@ -654,7 +654,8 @@ static void print_inspected(const struct inspected *in)
 	printf("\n  %8s %14s %10s %14s %10s  %s\n", "frame", "c_off", "c_size",
 	       "d_off", "d_size", "checksum");
 	for (uint32_t i = 0; i < idx->nframes; i++) {
-		const struct zseek_frame *fr = &idx->frames[i];
+		const struct zseek_frame frame_v = zseek_frame_at(idx, i);
+		const struct zseek_frame *fr = &frame_v;
 
 		printf("  %8u %14llu %10llu %14llu %10llu  ", i,
 		       (unsigned long long)fr->c_off,
@@ -704,7 +705,8 @@ static void json_head(struct text *t, const struct inspected *in)
 static void json_frame(struct text *t, const struct zseek_index *idx,
 		       uint32_t i)
 {
-	const struct zseek_frame *fr = &idx->frames[i];
+	const struct zseek_frame frame_v = zseek_frame_at(idx, i);
+	const struct zseek_frame *fr = &frame_v;
 
 	text_printf(t, "%s{\"c_off\":%llu,\"c_size\":%llu", i ? "," : "",
 		    (unsigned long long)fr->c_off,
