@@ -96,6 +96,8 @@ static bool frame_split(const struct zseek_frame *fr)
 int zfile_build_geometry(struct zfile *f)
 {
 	const struct zseek_index *idx = &f->idx;
+	/* a raw file has no frames */
+	uint64_t first = idx->nframes ? zseek_frame_at(idx, 0).d_size : 0;
 	unsigned long n = 0, k = 0;
 	bool split = false, fixed = true;
 
@@ -117,8 +119,7 @@ int zfile_build_geometry(struct zfile *f)
 		} else {
 			n++;
 		}
-		if (i + 1 < idx->nframes &&
-		    fr.d_size != zseek_frame_at(idx, 0).d_size)
+		if (i + 1 < idx->nframes && fr.d_size != first)
 			fixed = false;
 	}
 	f->nslots = n;
@@ -127,7 +128,7 @@ int zfile_build_geometry(struct zfile *f)
 		return -ENOMEM;
 	/* frames of one size: a folio's place is its index times that */
 	if (!split && fixed && idx->nframes) {
-		f->folio_size = (uint32_t)zseek_frame_at(idx, 0).d_size;
+		f->folio_size = (uint32_t)first;
 		return 0;
 	}
 	f->starts = calloc(n + 1, sizeof(*f->starts));
