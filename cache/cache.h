@@ -195,6 +195,9 @@ struct read_req {
 			  * reader's request: not counted as one */
 	bool tiered;     /* a fill for the kernel tier: a folio handed over
 			  * whole leaves the cache (ktier.c) */
+	/* tiered: the file the fill is for, in the tier (ktier_fill_begin's
+	 * id), and where it lies in the mapping: [tier_base, + tier_size) */
+	uint64_t tier_id, tier_base, tier_size;
 	/* out, for the reply */
 	struct iovec iov[READ_REQ_MAX_FOLIOS];
 	int niov;
@@ -374,6 +377,8 @@ void ktier_fill_begin(struct cache *c, struct group *g, uint64_t id,
 void ktier_fill_end(struct cache *c, uint64_t id, uint64_t pos, size_t len);
 void ktier_forget(struct cache *c, uint64_t id);
 unsigned long ktier_pages(struct group *g);
+uint64_t ktier_resident(struct cache *c, uint64_t id, uint64_t pos,
+			unsigned int n);
 unsigned long ktier_queued(struct cache *c);
 
 /* rcu.c: workers' grace-period states (liburcu QSBR) */

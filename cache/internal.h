@@ -41,7 +41,7 @@ unsigned long lru_pages(struct group *g);
 int ktier_group_init(struct group *g);
 void ktier_group_fini(struct group *g);
 unsigned long ktier_shrink(struct group *g, unsigned long nr,
-			   unsigned long *scanned);
+			   unsigned long *scanned, bool share);
 
 /* rcu.c: what waits for a grace period */
 void cache_thread_state(enum thread_state st, void *priv);

@@ -97,6 +97,9 @@ struct kt_file {
 struct kt_lists {
 	struct cds_list_head active, inactive; /* newest at the head */
 	unsigned long nr_active, nr_inactive;  /* pages */
+	/* pages of its shares of reclaim not given yet (below zero: given
+	 * ahead, as a chunk goes whole) */
+	long owed;
 };
 
 struct ktier {
@@ -407,6 +410,36 @@ void ktier_fill_end(struct cache *cache, uint64_t id, uint64_t pos,
 	kt_wait_drained(kt);
 }
 
+/*
+ * Which of the n pages (n <= 64) from pos (page-aligned) of file id the
+ * tier holds, a bit each: an upper bound, as the tier's count is.
+ */
+uint64_t ktier_resident(struct cache *cache, uint64_t id, uint64_t pos,
+			unsigned int n)
+{
+	struct ktier *kt = cache->kt;
+	uint64_t mask = 0, p = pos >> ZF_PAGE_SHIFT;
+	struct kt_file *f;
+
+	if (!kt || !n || n > 64)
+		return 0;
+	pthread_mutex_lock(&kt->lock);
+	f = kt_file_find(kt, id);
+	for (unsigned int i = 0, take; f && i < n; i += take, p += take) {
+		uint64_t ci = p / CHUNK_PAGES;
+		unsigned int b = (unsigned int)(p % CHUNK_PAGES);
+		struct kt_chunk *c = ci < f->nchunks ? f->chunks[ci] : NULL;
+		uint64_t held = c ? (uint64_t)c->pages >> b : 0;
+
+		take = (unsigned int)CHUNK_PAGES - b < n - i
+			       ? (unsigned int)CHUNK_PAGES - b
+			       : n - i;
+		mask |= (held & (take < 64 ? (1ull << take) - 1 : ~0ull)) << i;
+	}
+	pthread_mutex_unlock(&kt->lock);
+	return mask;
+}
+
 /* Move the active list's oldest to the inactive head (shrink_active_list) */
 static bool kt_deactivate_one(struct kt_lists *l, struct group *g)
 {
@@ -439,8 +472,14 @@ static void kt_evict(struct ktier *kt, struct kt_chunk *c)
 	kt_queue(kt, c);
 }
 
+/*
+ * Evict nr pages from the inactive tail, in whole chunks.  A share (of a
+ * pass split between the tiers) is kept to over passes: a chunk given for
+ * a share smaller than itself counts for the next shares, so that small
+ * passes do not take a chunk each and leave the folios alone.
+ */
 unsigned long ktier_shrink(struct group *g, unsigned long nr,
-			   unsigned long *scanned)
+			   unsigned long *scanned, bool share)
 {
 	struct ktier *kt = cache_of_group(g)->kt;
 	struct kt_lists *l = kt_lists_of(g);
@@ -450,6 +489,10 @@ unsigned long ktier_shrink(struct group *g, unsigned long nr,
 	if (!kt || !l)
 		return 0;
 	pthread_mutex_lock(&kt->lock);
+	if (share) {
+		l->owed += (long)nr;
+		nr = l->owed > 0 ? (unsigned long)l->owed : 0;
+	}
 	while (got < nr && rotated <= l->nr_inactive) {
 		if (cds_list_empty(&l->inactive) ||
 		    l->nr_inactive < l->nr_active)
@@ -465,6 +508,11 @@ unsigned long ktier_shrink(struct group *g, unsigned long nr,
 		got += pages_in(c->pages);
 		kt_evict(kt, c);
 	}
+	/* what could not be given now is owed for one chunk at most */
+	if (share)
+		l->owed = l->owed - (long)got < (long)CHUNK_PAGES
+				  ? l->owed - (long)got
+				  : (long)CHUNK_PAGES;
 	pthread_mutex_unlock(&kt->lock);
 	*scanned += got;
 	if (got)

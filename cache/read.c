@@ -54,6 +54,7 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 	rq->fill = false;
 	rq->internal = false;
 	rq->tiered = false;
+	rq->tier_id = rq->tier_base = rq->tier_size = 0;
 	rq->niov = 0;
 	rq->bytes = 0;
 	rq->waited_io = false;
@@ -486,6 +487,49 @@ static void read_release(struct read_req *rq)
 	rq->nheld = rq->nbounce = rq->nlockless = 0;
 }
 
+/*
+ * Folio f, partly taken by a tiered fill: its pages of the fill's file
+ * that the kernel tier already holds (from earlier fills, of f or of a
+ * folio of the same frame evicted before) count as handed over too.  True
+ * if that leaves nothing of f to hand over: then f would only double what
+ * the kernel holds (a random reader of a file read once, whose chunks come
+ * back one page at a time).  Bytes of f outside the file (a frame holding
+ * several small files) and pages it holds in part never count.
+ */
+static bool tier_holds_rest(const struct read_req *rq, struct folio *f)
+{
+	uint64_t fpos = mapping_folio_pos(rq->mapping, f->index);
+	uint64_t fend = fpos + f->len, base = rq->tier_base;
+	uint64_t end = base + rq->tier_size, a, b, p0, p1, mask;
+	bool done = false;
+
+	if (fend <= base || fpos >= end)
+		return false;
+	a = (fpos > base ? fpos : base) - base; /* in the file */
+	b = (fend < end ? fend : end) - base;
+	p0 = (a + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT;
+	p1 = b == rq->tier_size ? (b + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT
+				: b >> ZF_PAGE_SHIFT;
+	if (p1 <= p0 || p1 - p0 > 64)
+		return false;
+	mask = ktier_resident(rq->mapping->cache, rq->tier_id,
+			      p0 << ZF_PAGE_SHIFT, (unsigned int)(p1 - p0));
+	while (mask) {
+		unsigned int r0 = (unsigned int)__builtin_ctzll(mask), r1 = r0;
+		uint64_t to;
+
+		while (r1 < 64 && (mask >> r1 & 1))
+			r1++;
+		to = base + ((p0 + r1) << ZF_PAGE_SHIFT);
+		to = to < end ? to : end;
+		to = to < fend ? to : fend;
+		done |= folio_note_tiered_fill(
+			f, base + ((p0 + r0) << ZF_PAGE_SHIFT) - fpos, to - fpos);
+		mask &= r1 < 64 ? ~((1ull << r1) - 1) : 0;
+	}
+	return done;
+}
+
 /* Add folio i's part of the request to the reply. */
 static int read_add_folio(struct read_req *rq, unsigned long i,
 			  unsigned long first, unsigned long last, uint64_t end)
@@ -504,10 +548,12 @@ static int read_add_folio(struct read_req *rq, unsigned long i,
 	if (got < 0)
 		return got;
 	if (got == GOT_PINNED && rq->tiered &&
-	    ((from == 0 && to == f->len) || folio_note_tiered_fill(f, from, to)))
+	    ((from == 0 && to == f->len) || folio_note_tiered_fill(f, from, to) ||
+	     tier_holds_rest(rq, f)))
 		read_hand_over(rq, f);
 	else if (got == GOT_LOCKLESS && rq->tiered &&
-		 folio_note_tiered_fill(f, from, to) && folio_try_get(f)) {
+		 (folio_note_tiered_fill(f, from, to) || tier_holds_rest(rq, f)) &&
+		 folio_try_get(f)) {
 		/* the last of a hot folio: pinned, to leave like the others */
 		rq->nlockless--; /* f, just added */
 		rq->held[rq->nheld++] = f;

@@ -549,6 +549,9 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 			h->h.base + (uint64_t)off, size, false);
 	w->rq.rq.fill = true;
 	w->rq.rq.tiered = true;
+	w->rq.rq.tier_id = ino;
+	w->rq.rq.tier_base = h->h.base;
+	w->rq.rq.tier_size = h->h.size;
 	w->fill_due = (struct tier_fill){&ds->cache, ino, (uint64_t)off, size};
 	cache_read(&w->rq.rq, reply_iov, req);
 }

@@ -344,6 +344,121 @@ static void test_hand_over(void)
 }
 
 /*
+ * A fill of the kernel tier as fs/ops.c makes it: [pos, pos + len) of
+ * file id, which is [base, base + size) of m, charged to the tier before
+ * it is read and ended after.
+ */
+static void file_fill(struct ra_request *r, struct mapping *m, uint64_t id,
+		      uint64_t base, uint64_t size, uint64_t pos, size_t len,
+		      struct sink *s)
+{
+	struct cache *c = m->cache;
+
+	ktier_fill_begin(c, &c->budget.root, id,
+			 (uint64_t)FILE_PAGES << ZF_PAGE_SHIFT, pos, len);
+	s->len = 0;
+	ra_request_init(r, m, NULL, &c->budget.root, NULL, base + pos, len,
+			false);
+	r->rq.fill = r->rq.tiered = true;
+	r->rq.tier_id = id;
+	r->rq.tier_base = base;
+	r->rq.tier_size = size;
+	CHECK_EQ(cache_read(&r->rq, sink_reply, s), 0);
+	CHECK_EQ(s->len, len);
+	CHECK(bytes_ok(s, base + pos));
+	cache_quiescent();
+	ktier_fill_end(c, id, pos, len);
+}
+
+/*
+ * A fill of part of a folio whose other pages the tier holds already
+ * (filled before, from a folio of the same frame since evicted) hands it
+ * over: kept, it would only double them.  Not while a page of it is
+ * missing from the tier, and never for a folio part of which is another
+ * file's.
+ */
+static void test_tier_holds_rest(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+	struct sink s = {.buf = malloc(1 << 20)};
+
+	cache_thread_register();
+	start(&c, 4096);
+	struct mapping *m = fake_mapping(&c, 8 * FOLIO);
+	struct ra_request *r = calloc(1, sizeof(*r));
+
+	/* file 1 is all of m: the tier holds folio 2 but its second page,
+	 * and folio 4 but its second and third */
+	fill(&c, g, 1, 2 * FOLIO, 4096);
+	fill(&c, g, 1, 2 * FOLIO + 8192, FOLIO - 8192);
+	fill(&c, g, 1, 4 * FOLIO, 4096);
+	fill(&c, g, 1, 4 * FOLIO + 12288, FOLIO - 12288);
+	file_fill(r, m, 1, 0, m->size, 2 * FOLIO + 4096, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 1);
+	CHECK_EQ(stat_read(g, STAT_FILE), 0);
+	file_fill(r, m, 1, 0, m->size, 4 * FOLIO + 4096, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 1);
+	CHECK_EQ(stat_read(g, STAT_FILE), 32);
+	file_fill(r, m, 1, 0, m->size, 4 * FOLIO + 8192, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
+	CHECK_EQ(stat_read(g, STAT_FILE), 0);
+	/* file 2 is [5 folios, 6.5 folios) of m: all of its half of folio 6
+	 * is in the tier, the other half is another file's */
+	fill(&c, g, 2, FOLIO, FOLIO / 2);
+	file_fill(r, m, 2, 5 * FOLIO, FOLIO + FOLIO / 2, FOLIO + 4096, 4096,
+		  &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
+	CHECK_EQ(stat_read(g, STAT_FILE), 32);
+	/* a file that starts mid-page of its folio: whole pages count */
+	fill(&c, g, 3, 0, FOLIO);
+	file_fill(r, m, 3, 7 * FOLIO - 100, FOLIO + 100, 8192, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
+	cache_quiescent();
+	mapping_put(m);
+	free(r);
+	stop(&c);
+	cache_thread_unregister();
+	free(s.buf);
+}
+
+/*
+ * Reclaim presses a folio page FOLIO_TIER_WEIGHT times harder than a tier
+ * page: with 4 MiB in the tier and 1 MiB of folios partly handed over, a
+ * pass of 64 pages takes at most a chunk from the tier and the rest from
+ * the folios (weighed alike, it took two chunks and no folio).
+ */
+static void test_folios_pressed(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+	struct sink s = {.buf = malloc(1 << 20)};
+	unsigned long kt;
+
+	cache_thread_register();
+	start(&c, 4096);
+	struct mapping *m = fake_mapping(&c, 8 * FOLIO);
+	struct ra_request *r = calloc(1, sizeof(*r));
+
+	for (uint64_t pos = 0; pos < (4 << 20); pos += 128 << 10)
+		fill(&c, g, 1, pos, 128 << 10);
+	for (uint64_t i = 0; i < 8; i++)
+		tiered_fill(r, m, i * FOLIO + 4096, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_FILE), 8 * 32);
+	kt = ktier_pages(g);
+	CHECK_EQ(kt, 1024);
+	CHECK_EQ(reclaim_proactive(g, 64), 0);
+	CHECK(ktier_pages(g) >= kt - 32);
+	CHECK(stat_read(g, STAT_FILE) <= 8 * 32 - 32);
+	cache_quiescent();
+	mapping_put(m);
+	free(r);
+	stop(&c);
+	cache_thread_unregister();
+	free(s.buf);
+}
+
+/*
  * Readahead not read yet goes last when the tier cannot give (its fills in
  * flight): a folio read twice is spared once by its reference, and the
  * folio behind it on the LRU was a stream's next window, evicted unread.
@@ -483,6 +598,8 @@ int main(void)
 	RUN(test_in_flight);
 	RUN(test_refaults);
 	RUN(test_hand_over);
+	RUN(test_tier_holds_rest);
+	RUN(test_folios_pressed);
 	RUN(test_unread_spared);
 	RUN(test_storm);
 	return check_done();
