@@ -124,7 +124,8 @@ int zfile_build_geometry(struct zfile *f)
 	}
 	f->nslots = n;
 	f->parts = calloc(n ? n : 1, sizeof(*f->parts));
-	if (!f->parts)
+	f->raw_at = calloc(n ? n : 1, sizeof(*f->raw_at));
+	if (!f->parts || !f->raw_at)
 		return -ENOMEM;
 	/* frames of one size: a folio's place is its index times that */
 	if (!split && fixed && idx->nframes) {
@@ -991,7 +992,11 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
  * block read (raw, of the right size); the frame's checksum only when the
  * frame is read whole.  It reads the frame's first ZSEEK_RAW_PROBE bytes,
  * the block's header and the bytes asked for at once; a frame with
- * compressed blocks is then filled as usual.
+ * compressed blocks is then filled as usual.  A folio whose frame passed
+ * those checks remembers where its first block's bytes start (raw_at): its
+ * next part reads there read just their bytes, one read and no probe, as
+ * the index is trusted for the frame's place (a backing file that changes
+ * is indexed again at its next open).
  *
  * A folio read in part again soon is filled instead: it is being reused,
  * and belongs in the cache.  "Soon" is the refault distance of
@@ -1145,6 +1150,20 @@ static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
 #define HDR_MIN ZSTD_FRAMEHEADERSIZE_MIN(ZSTD_f_zstd1)
 #define HDR_SPAN (ZSTD_FRAMEHEADERSIZE_MAX - HDR_MIN)
 
+/* len bytes at off of f, where a frame checked before has them, into buf:
+ * one read, with no probe. */
+static int part_read_known(struct zfile *f, uint64_t off, uint32_t len,
+			   void *buf)
+{
+	struct ring_read rr = {.off = off, .len = len, .dst = buf};
+
+	if (part_io(f, NULL, &rr, 1, buf))
+		return -EIO;
+	if (rr.res < 0)
+		return rr.res;
+	return (uint32_t)rr.res == len ? 0 : -EIO;
+}
+
 /*
  * Content [x, x + len) of frame fr into buf, if the frame is raw blocks:
  * 0, -EAGAIN if it is not (or the range crosses a block header), or an
@@ -1155,7 +1174,7 @@ static int part_io(struct zfile *f, void *io_ctx, struct ring_read *rr,
  */
 static int part_read_frame(struct zfile *f, void *io_ctx,
 			   const struct zseek_frame *fr, uint64_t x,
-			   uint32_t len, void *buf)
+			   uint32_t len, void *buf, _Atomic uint8_t *raw_at)
 {
 	struct cache *c = f->mapping->cache;
 	uint64_t k = x / ZSEEK_BLOCK, xk = x % ZSEEK_BLOCK;
@@ -1174,6 +1193,9 @@ static int part_read_frame(struct zfile *f, void *io_ctx,
 
 	if ((x + len - 1) / ZSEEK_BLOCK != k)
 		return -EAGAIN; /* across a block header */
+	off = raw_at ? atomic_load_explicit(raw_at, memory_order_relaxed) : 0;
+	if (off && !k) /* checked before: the bytes alone */
+		return part_read_known(f, fr->c_off + off + x, len, buf);
 	block = cache_buf_get(c, total);
 	if (!block)
 		return -EAGAIN;
@@ -1204,6 +1226,9 @@ static int part_read_frame(struct zfile *f, void *io_ctx,
 			r = -EIO; /* the file is shorter than its index */
 		else
 			memcpy(buf, block + data_at + h, len);
+		if (!r && raw_at)
+			atomic_store_explicit(raw_at, (uint8_t)off,
+					      memory_order_relaxed);
 	}
 	cache_buf_put(c, block, total);
 	return r;
@@ -1237,7 +1262,7 @@ static int part_read(struct zfile *f, struct mapping *m, void *io_ctx,
 	fr = zseek_frame_at(&f->idx, slot_frame(f, index));
 	return part_read_frame(f, io_ctx, &fr,
 			       off + (f->slot_skip ? f->slot_skip[index] : 0),
-			       len, buf);
+			       len, buf, f->raw_at ? &f->raw_at[index] : NULL);
 }
 
 static int zfile_read_part(struct mapping *m, void *io_ctx,
@@ -1289,6 +1314,7 @@ static void zfile_release(struct mapping *m)
 	free(f->slot_frame);
 	free(f->slot_skip);
 	free(f->parts);
+	free(f->raw_at);
 	zfile_fd_release(f);
 	store_obj_free(f->obj);
 	free(f->path);

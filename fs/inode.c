@@ -283,6 +283,7 @@ static void zfile_unindex(struct zfile *f)
 	free(f->slot_frame);
 	free(f->slot_skip);
 	free(f->parts);
+	free(f->raw_at);
 }
 
 /* The backing file's attributes: its own, or its object's. */

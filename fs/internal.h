@@ -148,6 +148,10 @@ struct zfile {
 	uint32_t folio_size;   /* fixed size of every folio but the last, or 0 */
 	/* per folio: ds->fill_clock + 1 when last read in part, or 0 */
 	_Atomic uint32_t *parts;
+	/* per folio of a frame of raw blocks read in part before: where its
+	 * first block's bytes start in the frame (the frame and block headers
+	 * were checked then), or 0: not known */
+	_Atomic uint8_t *raw_at;
 	/* decoders of split frames, one per reader going forwards */
 	pthread_mutex_t stream_lock; /* the choice of one, their places */
 	struct zstream streams[ZFILE_STREAMS];

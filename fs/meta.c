@@ -34,6 +34,8 @@ long zfile_meta_bytes(const struct zfile *f)
 		     (long)(sizeof(*f->slot_frame) + sizeof(*f->slot_skip));
 	if (f->parts)
 		n += (long)f->nslots * (long)sizeof(*f->parts);
+	if (f->raw_at)
+		n += (long)f->nslots * (long)sizeof(*f->raw_at);
 	return n + (long)sizeof(struct mapping) +
 	       (long)(f->nslots ? f->nslots : 1) * (long)sizeof(void *);
 }
