@@ -13,33 +13,31 @@
 #include "internal.h"
 
 /*
- * Reclaim from both tiers, each in proportion to what it holds: folios
- * (lru.c) and, with cache=kernel, the page cache's chunks (ktier.c).  A
- * folio whose every byte fills handed to the kernel has left (read.c), so
- * what the folio LRU keeps is frames still serving neighbouring fills, and
- * readahead not read yet (a dataset in a store reads ahead of the fills):
- * the youngest pages of all, and the next a stream needs, so they count
- * for no share; a tier's ages are not the other's, and the kernel's one
- * LRU would take the old fills first.  Whatever one tier cannot give, the
- * other is asked for, and readahead not read yet goes last of all: it is a
- * stream's next windows, and when the tier cannot give because its chunks
- * are fills still in flight, those must not push the windows out.
+ * Reclaim from both tiers in proportion to what each holds, weighed (see
+ * below): folios (lru.c) and, with cache=kernel, the page cache's chunks
+ * (ktier.c).  A folio whose every byte the kernel holds has left
+ * (read.c), so what the folio LRU keeps is frames still serving
+ * neighbouring fills, and readahead not read yet (a dataset in a store
+ * reads ahead of the fills): the youngest pages of all, and the next a
+ * stream needs, so they count for no share; a tier's ages are not the
+ * other's, and the kernel's one LRU would take the old fills first.
+ * Whatever one tier cannot give, the other is asked for, and readahead not
+ * read yet goes last of all: it is a stream's next windows, and when the
+ * tier cannot give because its chunks are fills still in flight, those
+ * must not push the windows out.
  *
  * A folio page weighs FOLIO_TIER_WEIGHT tier pages in the proportion.  A
  * page in the kernel tier serves every read of it with no round trip; a
  * page of a folio only serves a fill, once, and then is in the tier too.
  * Weighed alike, random fills of a working set that just fits took the
- * budget over: each kept its frame (8 pages of 32K) for the one page it
- * handed over, and each such folio pushed tier pages out, which came back
- * as more such fills (four readers of 16 MiB read once at budget=64M:
- * folios 44 MiB, the tier 18 MiB, 78,640 reads/s).  Pressed harder,
- * folios live a fraction of a tier page's time, still long enough for
- * their neighbours' fills: at 32 the same readers ran at 889,391-897,653
- * reads/s with folios under 6 MiB, and four cold readers (pread and mmap,
- * budgets 32M to 96M) decoded as many bytes per page read as before (1.63
- * and 1.91 at 64M); at 1000 the mmap readers decoded 2.55.  The tier gives
- * whole chunks, more than a small pass's share: what it gives beyond its
- * share counts for its next shares (ktier_shrink()).
+ * budget over: each kept its frame for the one page it handed over, and
+ * each such folio pushed tier pages out, which came back as more such
+ * fills.  Pressed harder, folios live a fraction of a tier page's time,
+ * still long enough for their neighbours' fills; much harder, and cold
+ * mmap readers decode frames again (doc/BENCHMARKS.md has the weights
+ * measured).  The tier gives whole chunks, more than a small pass's
+ * share: what it gives beyond its share counts for its next shares
+ * (ktier_shrink()).
  */
 #define FOLIO_TIER_WEIGHT 32
 

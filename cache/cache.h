@@ -377,8 +377,6 @@ void ktier_fill_begin(struct cache *c, struct group *g, uint64_t id,
 void ktier_fill_end(struct cache *c, uint64_t id, uint64_t pos, size_t len);
 void ktier_forget(struct cache *c, uint64_t id);
 unsigned long ktier_pages(struct group *g);
-uint64_t ktier_resident(struct cache *c, uint64_t id, uint64_t pos,
-			unsigned int n);
 unsigned long ktier_queued(struct cache *c);
 
 /* rcu.c: workers' grace-period states (liburcu QSBR) */

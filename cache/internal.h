@@ -37,11 +37,14 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 bool lru_remove(struct folio *f);
 unsigned long lru_pages(struct group *g);
 
-/* ktier.c: the kernel tier's share of reclaim */
+/* ktier.c: the kernel tier's share of reclaim, and what it holds of a
+ * file (read.c's handovers) */
 int ktier_group_init(struct group *g);
 void ktier_group_fini(struct group *g);
 unsigned long ktier_shrink(struct group *g, unsigned long nr,
 			   unsigned long *scanned, bool share);
+uint64_t ktier_resident(struct cache *c, uint64_t id, uint64_t pos,
+			unsigned int n);
 
 /* rcu.c: what waits for a grace period */
 void cache_thread_state(enum thread_state st, void *priv);

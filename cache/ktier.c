@@ -412,7 +412,8 @@ void ktier_fill_end(struct cache *cache, uint64_t id, uint64_t pos,
 
 /*
  * Which of the n pages (n <= 64) from pos (page-aligned) of file id the
- * tier holds, a bit each: an upper bound, as the tier's count is.
+ * tier holds, a bit each: an upper bound, as the tier's count is, of
+ * pages filled; a page whose fill is in flight is not the kernel's yet.
  */
 uint64_t ktier_resident(struct cache *cache, uint64_t id, uint64_t pos,
 			unsigned int n)
@@ -429,7 +430,7 @@ uint64_t ktier_resident(struct cache *cache, uint64_t id, uint64_t pos,
 		uint64_t ci = p / CHUNK_PAGES;
 		unsigned int b = (unsigned int)(p % CHUNK_PAGES);
 		struct kt_chunk *c = ci < f->nchunks ? f->chunks[ci] : NULL;
-		uint64_t held = c ? (uint64_t)c->pages >> b : 0;
+		uint64_t held = c ? (uint64_t)(c->pages & ~c->pending) >> b : 0;
 
 		take = (unsigned int)CHUNK_PAGES - b < n - i
 			       ? (unsigned int)CHUNK_PAGES - b

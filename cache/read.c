@@ -487,46 +487,65 @@ static void read_release(struct read_req *rq)
 	rq->nheld = rq->nbounce = rq->nlockless = 0;
 }
 
+/* Bytes [s, e) of the file, which the kernel tier holds, as handed over
+ * from folio f: clipped to f's bytes of the file, [from, to) of m. */
+static bool tier_note_run(const struct read_req *rq, struct folio *f,
+			  uint64_t fpos, uint64_t from, uint64_t to, uint64_t s,
+			  uint64_t e)
+{
+	s = rq->tier_base + s > from ? rq->tier_base + s : from;
+	e = rq->tier_base + e < to ? rq->tier_base + e : to;
+	return s < e && folio_note_tiered_fill(f, s - fpos, e - fpos);
+}
+
 /*
- * Folio f, partly taken by a tiered fill: its pages of the fill's file
- * that the kernel tier already holds (from earlier fills, of f or of a
- * folio of the same frame evicted before) count as handed over too.  True
- * if that leaves nothing of f to hand over: then f would only double what
- * the kernel holds (a random reader of a file read once, whose chunks come
- * back one page at a time).  Bytes of f outside the file (a frame holding
- * several small files) and pages it holds in part never count.
+ * Folio f, partly taken by a tiered fill: its bytes of the fill's file in
+ * pages the kernel tier already holds (from earlier fills, of f or of a
+ * folio of the same frame evicted before) count as handed over too, a
+ * page the kernel holds being all of it.  True if that leaves nothing of
+ * f to hand over: then f would only double what the kernel holds (a
+ * random reader of a file read once, whose chunks come back one page at a
+ * time).  Bytes of f outside the file (a frame holding several small
+ * files) never count.  The pages of this fill, [fill_from, fill_to) of f,
+ * count with them (the tier's count of them waits for its end).  The
+ * tier is asked 64 pages at a time; a run of held pages is noted whole,
+ * across those windows, as a big folio's coverage is a bit per 64th.
  */
-static bool tier_holds_rest(const struct read_req *rq, struct folio *f)
+static bool tier_holds_rest(const struct read_req *rq, struct folio *f,
+			    uint64_t fill_from, uint64_t fill_to)
 {
 	uint64_t fpos = mapping_folio_pos(rq->mapping, f->index);
-	uint64_t fend = fpos + f->len, base = rq->tier_base;
-	uint64_t end = base + rq->tier_size, a, b, p0, p1, mask;
+	uint64_t base = rq->tier_base, end = base + rq->tier_size;
+	uint64_t from = fpos > base ? fpos : base;
+	uint64_t to = fpos + f->len < end ? fpos + f->len : end;
+	uint64_t p0, p1, q0, q1, run = UINT64_MAX, p;
 	bool done = false;
 
-	if (fend <= base || fpos >= end)
+	if (from >= to)
 		return false;
-	a = (fpos > base ? fpos : base) - base; /* in the file */
-	b = (fend < end ? fend : end) - base;
-	p0 = (a + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT;
-	p1 = b == rq->tier_size ? (b + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT
-				: b >> ZF_PAGE_SHIFT;
-	if (p1 <= p0 || p1 - p0 > 64)
-		return false;
-	mask = ktier_resident(rq->mapping->cache, rq->tier_id,
-			      p0 << ZF_PAGE_SHIFT, (unsigned int)(p1 - p0));
-	while (mask) {
-		unsigned int r0 = (unsigned int)__builtin_ctzll(mask), r1 = r0;
-		uint64_t to;
+	p0 = (from - base) >> ZF_PAGE_SHIFT;
+	p1 = (to - base + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT;
+	q0 = (fpos + fill_from - base) >> ZF_PAGE_SHIFT;
+	q1 = (fpos + fill_to - base + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT;
+	for (p = p0; p < p1; p += 64) {
+		unsigned int n = p1 - p < 64 ? (unsigned int)(p1 - p) : 64;
+		uint64_t held = ktier_resident(rq->mapping->cache, rq->tier_id,
+					       p << ZF_PAGE_SHIFT, n);
 
-		while (r1 < 64 && (mask >> r1 & 1))
-			r1++;
-		to = base + ((p0 + r1) << ZF_PAGE_SHIFT);
-		to = to < end ? to : end;
-		to = to < fend ? to : fend;
-		done |= folio_note_tiered_fill(
-			f, base + ((p0 + r0) << ZF_PAGE_SHIFT) - fpos, to - fpos);
-		mask &= r1 < 64 ? ~((1ull << r1) - 1) : 0;
+		for (unsigned int i = 0; i < n; i++) {
+			if ((held >> i & 1) || (p + i >= q0 && p + i < q1)) {
+				run = run == UINT64_MAX ? p + i : run;
+			} else if (run != UINT64_MAX) {
+				done |= tier_note_run(rq, f, fpos, from, to,
+						      run << ZF_PAGE_SHIFT,
+						      (p + i) << ZF_PAGE_SHIFT);
+				run = UINT64_MAX;
+			}
+		}
 	}
+	if (run != UINT64_MAX)
+		done |= tier_note_run(rq, f, fpos, from, to,
+				      run << ZF_PAGE_SHIFT, p1 << ZF_PAGE_SHIFT);
 	return done;
 }
 
@@ -549,10 +568,11 @@ static int read_add_folio(struct read_req *rq, unsigned long i,
 		return got;
 	if (got == GOT_PINNED && rq->tiered &&
 	    ((from == 0 && to == f->len) || folio_note_tiered_fill(f, from, to) ||
-	     tier_holds_rest(rq, f)))
+	     tier_holds_rest(rq, f, from, to)))
 		read_hand_over(rq, f);
 	else if (got == GOT_LOCKLESS && rq->tiered &&
-		 (folio_note_tiered_fill(f, from, to) || tier_holds_rest(rq, f)) &&
+		 (folio_note_tiered_fill(f, from, to) ||
+		  tier_holds_rest(rq, f, from, to)) &&
 		 folio_try_get(f)) {
 		/* the last of a hot folio: pinned, to leave like the others */
 		rq->nlockless--; /* f, just added */

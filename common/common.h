@@ -88,7 +88,7 @@ void text_json_string(struct text *t, const char *s);
 	X(KERNEL_EVICTED, "kernel_evicted", event,                             \
 	  "pages dropped from the kernel page cache by reclaim")              \
 	X(KERNEL_HANDOVERS, "kernel_handovers", event,                         \
-	  "folios that left the cache once fills handed all of them over")    \
+	  "folios that left the cache once the page cache held all of them")  \
 	X(WORKINGSET_REFAULT, "workingset_refault", event,                     \
 	  "kernel-tier pages filled again after reclaim dropped them")        \
 	X(WORKINGSET_ACTIVATE, "workingset_activate", event,                   \

@@ -994,9 +994,9 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
  * the block's header and the bytes asked for at once; a frame with
  * compressed blocks is then filled as usual.  A folio whose frame passed
  * those checks remembers where its first block's bytes start (raw_at): its
- * next part reads there read just their bytes, one read and no probe, as
- * the index is trusted for the frame's place (a backing file that changes
- * is indexed again at its next open).
+ * next part reads of its first block read just their bytes, one read and
+ * no probe.  That trusts no more than every read does: the index gives the
+ * frame's place, and an open file keeps the index it was opened with.
  *
  * A folio read in part again soon is filled instead: it is being reused,
  * and belongs in the cache.  "Soon" is the refault distance of
@@ -1226,6 +1226,7 @@ static int part_read_frame(struct zfile *f, void *io_ctx,
 			r = -EIO; /* the file is shorter than its index */
 		else
 			memcpy(buf, block + data_at + h, len);
+		/* relaxed: whoever stores it stores the same value */
 		if (!r && raw_at)
 			atomic_store_explicit(raw_at, (uint8_t)off,
 					      memory_order_relaxed);

@@ -374,8 +374,8 @@ static void file_fill(struct ra_request *r, struct mapping *m, uint64_t id,
  * A fill of part of a folio whose other pages the tier holds already
  * (filled before, from a folio of the same frame since evicted) hands it
  * over: kept, it would only double them.  Not while a page of it is
- * missing from the tier, and never for a folio part of which is another
- * file's.
+ * missing from the tier or still being filled; the part of a folio that
+ * is another file's counts for nothing.
  */
 static void test_tier_holds_rest(void)
 {
@@ -410,11 +410,37 @@ static void test_tier_holds_rest(void)
 		  &s);
 	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
 	CHECK_EQ(stat_read(g, STAT_FILE), 32);
-	/* a file that starts mid-page of its folio: whole pages count */
+	/* file 3 starts 100 bytes before folio 7: its page 0 holds the first
+	 * 3996 bytes of the folio, its page 32 the last 100; held whole,
+	 * pages count for the folio's part of them */
 	fill(&c, g, 3, 0, FOLIO);
 	file_fill(r, m, 3, 7 * FOLIO - 100, FOLIO + 100, 8192, 4096, &s);
 	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 2);
+	fill(&c, g, 3, FOLIO, 100);
+	file_fill(r, m, 3, 7 * FOLIO - 100, FOLIO + 100, 12288, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 3);
+	/* a fill still in flight is not the kernel's yet: folio 6 of file 1
+	 * but its first page is being filled, and a fill of that page keeps
+	 * the folio until the other ends */
+	ktier_fill_begin(&c, g, 1, (uint64_t)FILE_PAGES << ZF_PAGE_SHIFT,
+			 6 * FOLIO + 4096, FOLIO - 4096);
+	file_fill(r, m, 1, 0, m->size, 6 * FOLIO, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 3);
+	ktier_fill_end(&c, 1, 6 * FOLIO + 4096, FOLIO - 4096);
+	file_fill(r, m, 1, 0, m->size, 6 * FOLIO, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 4);
+	/* a folio of 1 MiB (a zstd CLI file's piece), 256 pages: the tier
+	 * holds all of it but page 100, runs across its 64-page windows; the
+	 * fill of page 100 hands it over */
+	struct mapping *big = mapping_create(&c, &fake_ops, NULL, 2 << 20, 2,
+					     1 << 20, NULL);
+	fill(&c, g, 4, 1 << 20, 100 * 4096);
+	fill(&c, g, 4, (1 << 20) + 101 * 4096, (1 << 20) - 101 * 4096);
+	file_fill(r, big, 4, 0, big->size, (1 << 20) + 100 * 4096, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 5);
 	cache_quiescent();
+	cache_expedite(&c);
+	mapping_put(big);
 	mapping_put(m);
 	free(r);
 	stop(&c);
