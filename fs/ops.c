@@ -130,6 +130,21 @@ static void fill_manifest_entry(struct fuse_entry_param *e,
 	e->entry_timeout = MANIFEST_TIMEOUT;
 }
 
+/*
+ * A name that is not there, remembered by the kernel for timeout seconds
+ * (a negative entry, node id 0), as long as names that are: a program
+ * that looks for a file along a path (python3's imports try a dozen names
+ * in each directory of sys.path) asks the daemon once, not every time.
+ */
+static void reply_missing(fuse_req_t req, double timeout)
+{
+	struct fuse_entry_param e;
+
+	memset(&e, 0, sizeof(e));
+	e.entry_timeout = timeout;
+	fuse_reply_entry(req, &e);
+}
+
 /* Is this lookup the manifest's (not the control directory's)? */
 static bool manifest_parent(struct dataset *ds, fuse_ino_t parent,
 			    const char *name)
@@ -151,19 +166,23 @@ static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 	if (manifest_parent(ds, parent, name)) {
 		err = manifest_lookup(ds, parent, name, &st);
-		if (err) {
+		if (err == -ENOENT)
+			reply_missing(req, MANIFEST_TIMEOUT);
+		else if (err)
 			fuse_reply_err(req, -err);
+		if (err)
 			return;
-		}
 		fill_manifest_entry(&e, &st);
 		fuse_reply_entry(req, &e);
 		return;
 	}
 	n = dataset_lookup(ds, znode_of(ds, parent), name, &err);
-	if (!n) {
+	if (!n && err == -ENOENT && !is_ctl(znode_of(ds, parent)))
+		reply_missing(req, ds->attr_timeout);
+	else if (!n)
 		fuse_reply_err(req, -err);
+	if (!n)
 		return;
-	}
 	err = znode_stat(ds, n, &st);
 	if (err) {
 		znode_forget(ds, n, 1);

@@ -4,7 +4,7 @@
 (tar of the mount equals tar of the source), and many files are listed and
 read with the daemon at 256 open files and its RSS within budget + 32 MiB.
 
-    test_tree.py fidelity | many | foreign
+    test_tree.py fidelity | many | foreign | missing
 
 ZF_TREE_FILES sets the size of the many-files tree (default 40000: CI; the
 million-file run is bench/manyfiles).
@@ -13,6 +13,7 @@ import hashlib
 import os
 import random
 import resource
+import shutil
 import stat
 import subprocess
 import sys
@@ -255,6 +256,57 @@ def test_foreign():
             check(listed > 0 and grown <= (4 << 20) // 8 + (64 << 10),
                   "indexes grew metadata by %d bytes, over an eighth of the "
                   "budget" % grown)
+
+
+def lookups(m):
+    """LOOKUP requests the daemon took so far (its -d trace)."""
+    return m.output().count("opcode: LOOKUP")
+
+
+def test_missing():
+    """Names that are not there, looked for again and again (a compiler's
+    include path, a shell's PATH, a program probing for optional files):
+    the daemon is asked once, and the kernel remembers the answer as long
+    as it remembers names that are there: in a packed dataset for good,
+    in a tree for 1 s, after which a file put there shows."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src = d + "/src"
+        os.makedirs(src + "/lib")
+        data = text_bytes(5000, 1)
+        with open(src + "/lib/mod.py", "wb") as f:
+            f.write(data)
+        pack(src, d + "/packed")
+        pack(src, d + "/tree", TREE)
+        missing = ["lib/mod.abi3.so", "lib/mod.so", "lib/nope/__init__.py",
+                   "nothere.h"]
+        for kind in ("packed", "tree"):
+            with Mount(d + "/" + kind, d + "/mnt", extra=("-d",)) as m:
+                before = lookups(m)
+                t0 = time.time()
+                for _ in range(5):
+                    for rel in missing:
+                        check(not os.path.exists(os.path.join(m.mnt, rel)),
+                              "%s: %s is there" % (kind, rel))
+                    with open(m.mnt + "/lib/mod.py", "rb") as f:
+                        check(f.read() == data, "%s: lib/mod.py" % kind)
+                asked = lookups(m) - before
+                elapsed = time.time() - t0
+                print("%s: %d lookups for %d names, 5 times each, in %.3f s" % (
+                    kind, asked, len(missing) + 2, elapsed))
+                # lib and lib/mod.py, then each missing name once (a tree's
+                # names may be asked again after 1 s: a slow run is not
+                # judged)
+                if kind == "packed" or elapsed < 0.5:
+                    check(asked <= len(missing) + 2,
+                          "%s: %d lookups, the kernel did not keep what is "
+                          "missing" % (kind, asked))
+                if kind == "tree":
+                    shutil.copy(d + "/tree/lib/mod.py.zst",
+                                d + "/tree/lib/mod.so.zst")
+                    time.sleep(1.2)
+                    with open(m.mnt + "/lib/mod.so", "rb") as f:
+                        check(f.read() == data, "a file put in the tree")
 
 
 if __name__ == "__main__":
