@@ -507,7 +507,7 @@ static bool tier_note_run(const struct read_req *rq, struct folio *f,
  * random reader of a file read once, whose chunks come back one page at a
  * time).  Bytes of f outside the file (a frame holding several small
  * files) never count.  The pages of this fill, [fill_from, fill_to) of f,
- * count with them (the tier's count of them waits for its end).  The
+ * count with them (ktier_resident() leaves them out until it ends).  The
  * tier is asked 64 pages at a time; a run of held pages is noted whole,
  * across those windows, as a big folio's coverage is a bit per 64th.
  */

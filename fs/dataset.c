@@ -112,24 +112,34 @@ struct backing_name {
 	bool decode; /* a .zst served decoded */
 };
 
-/* Which entry of dirfd is served as name; 0 or -ENOENT. */
+/* An lstat's error that says the name is not there (a name with ".zst"
+ * added may be too long to be there). */
+static bool not_there(int err)
+{
+	return err == -ENOENT || err == -ENOTDIR || err == -ENAMETOOLONG;
+}
+
+/* Which entry of dirfd is served as name; -ENOENT only when none is (a
+ * negative entry the kernel keeps), another error when lstat failed. */
 static int resolve_name(int dirfd, const char *name, struct backing_name *b)
 {
 	struct stat plain;
-	bool has_plain = lstat_at(dirfd, name, &plain) == 0;
+	int perr = lstat_at(dirfd, name, &plain), zerr;
 	char *zname;
 
+	if (perr && perr != -ENOENT && perr != -ENOTDIR)
+		return perr;
 	if (asprintf(&zname, "%s%s", name, zst_suffix) < 0)
 		return -ENOMEM;
-	if (!has_plain && lstat_at(dirfd, zname, &b->st) == 0 &&
-	    S_ISREG(b->st.st_mode)) {
+	zerr = perr ? lstat_at(dirfd, zname, &b->st) : -ENOENT;
+	if (!zerr && S_ISREG(b->st.st_mode)) {
 		b->bname = zname;
 		b->decode = true;
 		return 0;
 	}
 	free(zname);
-	if (!has_plain)
-		return -ENOENT;
+	if (perr)
+		return zerr && !not_there(zerr) ? zerr : -ENOENT;
 	b->decode = false;
 	if (ends_with_zst(name) && S_ISREG(plain.st_mode)) {
 		/* served stripped, unless the stripped name is taken: then

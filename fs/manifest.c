@@ -257,9 +257,12 @@ int manifest_lookup(struct dataset *ds, fuse_ino_t parent, const char *name,
 	if (!r)
 		r = mf_seek(ds, path, plen, name, strlen(name), &i, &exact);
 	if (!r && !exact)
-		r = -ENOENT;
+		r = 1;
 	if (!r)
 		r = mf_entry_at(ds, i, e);
+	/* -ENOENT says the name is not there (a negative entry the kernel
+	 * keeps); one from below is a frame or an object that should be */
+	r = r == 1 ? -ENOENT : r == -ENOENT ? -EIO : r;
 	if (!r)
 		*st = e->st;
 	free(path);

@@ -131,15 +131,20 @@ static void fill_manifest_entry(struct fuse_entry_param *e,
 }
 
 /*
- * A name that is not there, remembered by the kernel for timeout seconds
- * (a negative entry, node id 0), as long as names that are: a program
- * that looks for a file along a path (python3's imports try a dozen names
- * in each directory of sys.path) asks the daemon once, not every time.
+ * A lookup that failed with err.  A name that is not there (-ENOENT) is a
+ * negative entry (node id 0) the kernel remembers for timeout seconds, as
+ * long as names that are there: a program that looks for a file along a
+ * path (a compiler's include path, a shell's PATH) asks the daemon once,
+ * not every time.  Other errors, and timeout 0, are not remembered.
  */
-static void reply_missing(fuse_req_t req, double timeout)
+static void lookup_failed(fuse_req_t req, int err, double timeout)
 {
 	struct fuse_entry_param e;
 
+	if (err != -ENOENT || timeout <= 0) {
+		fuse_reply_err(req, -err);
+		return;
+	}
 	memset(&e, 0, sizeof(e));
 	e.entry_timeout = timeout;
 	fuse_reply_entry(req, &e);
@@ -160,29 +165,26 @@ static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct dataset *ds = ds_of(req);
 	struct fuse_entry_param e;
+	struct znode *n, *dir;
 	struct stat st;
-	struct znode *n;
 	int err;
 
 	if (manifest_parent(ds, parent, name)) {
 		err = manifest_lookup(ds, parent, name, &st);
-		if (err == -ENOENT)
-			reply_missing(req, MANIFEST_TIMEOUT);
-		else if (err)
-			fuse_reply_err(req, -err);
-		if (err)
+		if (err) {
+			lookup_failed(req, err, MANIFEST_TIMEOUT);
 			return;
+		}
 		fill_manifest_entry(&e, &st);
 		fuse_reply_entry(req, &e);
 		return;
 	}
-	n = dataset_lookup(ds, znode_of(ds, parent), name, &err);
-	if (!n && err == -ENOENT && !is_ctl(znode_of(ds, parent)))
-		reply_missing(req, ds->attr_timeout);
-	else if (!n)
-		fuse_reply_err(req, -err);
-	if (!n)
+	dir = znode_of(ds, parent);
+	n = dataset_lookup(ds, dir, name, &err);
+	if (!n) {
+		lookup_failed(req, err, is_ctl(dir) ? 0 : ds->attr_timeout);
 		return;
+	}
 	err = znode_stat(ds, n, &st);
 	if (err) {
 		znode_forget(ds, n, 1);

@@ -419,9 +419,9 @@ static void test_tier_holds_rest(void)
 	fill(&c, g, 3, FOLIO, 100);
 	file_fill(r, m, 3, 7 * FOLIO - 100, FOLIO + 100, 12288, 4096, &s);
 	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 3);
-	/* a fill still in flight is not the kernel's yet: folio 6 of file 1
-	 * but its first page is being filled, and a fill of that page keeps
-	 * the folio until the other ends */
+	/* a fill still in flight is not the kernel's yet: all of folio 6 of
+	 * file 1 but its first page is being filled, and a fill of that page
+	 * keeps the folio until the other ends */
 	ktier_fill_begin(&c, g, 1, (uint64_t)FILE_PAGES << ZF_PAGE_SHIFT,
 			 6 * FOLIO + 4096, FOLIO - 4096);
 	file_fill(r, m, 1, 0, m->size, 6 * FOLIO, 4096, &s);
@@ -438,8 +438,18 @@ static void test_tier_holds_rest(void)
 	fill(&c, g, 4, (1 << 20) + 101 * 4096, (1 << 20) - 101 * 4096);
 	file_fill(r, big, 4, 0, big->size, (1 << 20) + 100 * 4096, 4096, &s);
 	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 5);
+	/* a folio of 768 KiB, 192 pages, covered a bit per 3 pages: bits
+	 * that straddle the windows' edges (pages 63-65, 126-128) are set
+	 * only by runs noted whole across them */
+	struct mapping *odd = mapping_create(&c, &fake_ops, NULL, 768 << 10, 1,
+					     768 << 10, NULL);
+	fill(&c, g, 3, 0, 150 * 4096); /* file 3 again: all of odd */
+	fill(&c, g, 3, 151 * 4096, 41 * 4096);
+	file_fill(r, odd, 3, 0, odd->size, 150 * 4096, 4096, &s);
+	CHECK_EQ(stat_read(g, STAT_KERNEL_HANDOVERS), 6);
 	cache_quiescent();
 	cache_expedite(&c);
+	mapping_put(odd);
 	mapping_put(big);
 	mapping_put(m);
 	free(r);

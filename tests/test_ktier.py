@@ -147,11 +147,12 @@ def quiet(m):
     returns when its own pages are in, while the kernel's readahead past
     them may still be on its way to the daemon (a loaded CI machine saw
     one arrive after the read)."""
-    last = m.stat()["pgfault"]
-    for _ in range(100):
+    last, still = m.stat()["pgfault"], 0
+    for _ in range(200):
         time.sleep(0.05)
         now = m.stat()["pgfault"]
-        if now == last:
+        still = still + 1 if now == last else 0
+        if still == 4:  # 200 ms without one
             return now
         last = now
     fail("reads kept reaching the daemon with nobody reading")
