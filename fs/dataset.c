@@ -112,8 +112,8 @@ struct backing_name {
 	bool decode; /* a .zst served decoded */
 };
 
-/* An lstat's error that says the name is not there (a name with ".zst"
- * added may be too long to be there). */
+/* An lstat's error that says the name is not there (a name too long for
+ * the backing file system cannot be there). */
 static bool not_there(int err)
 {
 	return err == -ENOENT || err == -ENOTDIR || err == -ENAMETOOLONG;
@@ -127,7 +127,7 @@ static int resolve_name(int dirfd, const char *name, struct backing_name *b)
 	int perr = lstat_at(dirfd, name, &plain), zerr;
 	char *zname;
 
-	if (perr && perr != -ENOENT && perr != -ENOTDIR)
+	if (perr && !not_there(perr))
 		return perr;
 	if (asprintf(&zname, "%s%s", name, zst_suffix) < 0)
 		return -ENOMEM;

@@ -250,19 +250,20 @@ int manifest_lookup(struct dataset *ds, fuse_ino_t parent, const char *name,
 	struct mf_entry *e = malloc(sizeof(*e));
 	size_t plen;
 	uint64_t i;
-	bool exact;
+	bool exact = false;
 	int r = path && e ? dir_path(ds, parent, path, PATH_MAX, &plen)
 			  : -ENOMEM;
 
 	if (!r)
 		r = mf_seek(ds, path, plen, name, strlen(name), &i, &exact);
-	if (!r && !exact)
-		r = 1;
-	if (!r)
+	if (!r && exact)
 		r = mf_entry_at(ds, i, e);
 	/* -ENOENT says the name is not there (a negative entry the kernel
 	 * keeps); one from below is a frame or an object that should be */
-	r = r == 1 ? -ENOENT : r == -ENOENT ? -EIO : r;
+	if (r == -ENOENT)
+		r = -EIO;
+	else if (!r && !exact)
+		r = -ENOENT;
 	if (!r)
 		*st = e->st;
 	free(path);
