@@ -150,24 +150,31 @@ int zmf_number(const struct zmf_line *l, enum zmf_field f, uint64_t *v)
 	return 0;
 }
 
-/* A time field, "seconds.nanoseconds": 0, or -EBADMSG. */
+/*
+ * A time field, "seconds.nanoseconds", as struct timespec has it: the
+ * seconds signed (a time before 1970 is "-N."), the nanoseconds from 0 to
+ * 999999999 after them.  0, or -EBADMSG.
+ */
 int zmf_time(const struct zmf_line *l, enum zmf_field f, int64_t *sec,
 	     long *nsec)
 {
 	struct zmf_line part = *l;
+	bool neg = l->len[f] && l->f[f][0] == '-';
 	const char *dot = memchr(l->f[f], '.', l->len[f]);
 	uint64_t s, ns;
 
 	if (!dot)
 		return -EBADMSG;
-	part.len[f] = (size_t)(dot - l->f[f]);
+	part.f[f] = l->f[f] + neg;
+	part.len[f] = (size_t)(dot - part.f[f]);
 	if (zmf_number(&part, f, &s))
 		return -EBADMSG;
 	part.f[f] = dot + 1;
 	part.len[f] = l->len[f] - (size_t)(dot - l->f[f]) - 1;
-	if (zmf_number(&part, f, &ns) || ns >= 1000000000 || s > INT64_MAX)
+	if (zmf_number(&part, f, &ns) || ns >= 1000000000 ||
+	    s > (uint64_t)INT64_MAX + neg)
 		return -EBADMSG;
-	*sec = (int64_t)s;
+	*sec = neg ? (int64_t)(0 - s) : (int64_t)s;
 	*nsec = (long)ns;
 	return 0;
 }

@@ -40,7 +40,7 @@ def make_tricky(root):
     with tabs, newlines, backslashes and bytes that are not UTF-8, hard
     links in and across directories, symlinks to .zst names and dangling
     ones, FIFOs, device nodes, empty files and directories, sizes around
-    the small-file limit, deep nesting."""
+    the small-file limit, deep nesting, times before 1970."""
     def put(rel, data):
         p = os.path.join(root, rel)
         os.makedirs(os.path.dirname(p), exist_ok=True)
@@ -75,6 +75,11 @@ def make_tricky(root):
     os.chown(root + "/x.zst", 1234, 5678, follow_symlinks=False)
     for rel in ("x", "tab\there", "a-b", "empty"):
         os.utime(os.path.join(root, rel), ns=(1_500_000_000_000000001, 1_600_000_000_999999999))
+    # times before 1970 (old archives, clamped file systems): negative
+    # seconds, positive nanoseconds, as struct timespec has them
+    for rel, ns in (("sizes/s0", -1), ("links/up", -1_500_000_001),
+                    ("a/b", -2_000_000_000_000_000_000), ("", -86_400_000_000_000)):
+        os.utime(os.path.join(root, rel), ns=(ns, ns), follow_symlinks=False)
 
 
 def test_fidelity():
