@@ -389,6 +389,12 @@ static int walk_frame(zseek_read_fn rd, void *ctx, uint64_t off,
 			    (unsigned long long)off,
 			    (unsigned long long)(fh.windowSize >> 20),
 			    1u << (ZSEEK_MAX_WINDOW_LOG - 20));
+	if (fh.dictID)
+		return fail(err, errlen, -EBADMSG,
+			    "frame at offset %llu was compressed with a "
+			    "dictionary (ID %u); files that need one are not "
+			    "served",
+			    (unsigned long long)off, fh.dictID);
 	end = walk_blocks(rd, ctx, off + hsize, file_size, &nblocks);
 	if (end < 0 || (fh.checksumFlag && (uint64_t)end + 4 > file_size))
 		return -EBADMSG;

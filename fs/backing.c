@@ -845,6 +845,22 @@ static int read_split(struct zfile *f, unsigned long slot, void *dst,
 	return r;
 }
 
+/*
+ * A frame that does not decode is said in the log, once per frame (with
+ * the file's name), besides being counted in corrupt_frames: a reader gets
+ * EIO, and whoever looks must learn which file and where.
+ */
+static int said_if_corrupt(struct zfile *f, unsigned long slot, int r)
+{
+	if (r == -EBADMSG)
+		zlog_file(f->path, "the frame at offset %llu does not decode%s",
+			  (unsigned long long)zseek_frame_at(
+				  &f->idx, slot_frame(f, slot)).c_off,
+			  f->idx.has_checksum ? ", or fails its checksum"
+					      : "");
+	return r;
+}
+
 static int zfile_fill(struct fill_batch *b, unsigned int i)
 {
 	struct zfile *f = b->mapping->host;
@@ -860,7 +876,8 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	if (f->idx.kind == ZSEEK_RAW)
 		return io->err[i];
 	if (slot_split(f, slot))
-		return read_split(f, slot, fo->data, fo->len, fo->group);
+		return said_if_corrupt(f, slot, read_split(f, slot, fo->data,
+							   fo->len, fo->group));
 	err = run_wait(f, io, io->run[i]);
 	if (err)
 		return err;
@@ -868,8 +885,11 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	if (!dctx)
 		return -ENOMEM;
 	fr = zseek_frame_at(&f->idx, slot_frame(f, slot));
-	return zseek_decode_frame(dctx, &fr, f->idx.has_checksum,
-				  io->buf + io->off[i], fo->data);
+	return said_if_corrupt(f, slot,
+			       zseek_decode_frame(dctx, &fr,
+						  f->idx.has_checksum,
+						  io->buf + io->off[i],
+						  fo->data));
 }
 
 /*
@@ -950,7 +970,8 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
 	}
 	if (slot_split(f, index))
-		return read_split(f, index, buf, len, NULL);
+		return said_if_corrupt(f, index,
+				       read_split(f, index, buf, len, NULL));
 	frame_v = zseek_frame_at(&f->idx, slot_frame(f, index));
 	dctx = dctx_of();
 	src = cache_buf_get(m->cache, fr->c_size);
@@ -962,8 +983,10 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 	if (n < 0 || (uint64_t)n != fr->c_size)
 		r = n < 0 ? (int)n : -EIO;
 	else
-		r = zseek_decode_frame(dctx, fr, f->idx.has_checksum, src,
-				       buf);
+		r = said_if_corrupt(f, index,
+				    zseek_decode_frame(dctx, fr,
+						       f->idx.has_checksum,
+						       src, buf));
 	cache_buf_put(m->cache, src, fr->c_size);
 	return r;
 }

@@ -229,6 +229,10 @@ def test_corrupt():
             check(all(r == "ok" for i, r in res.items() if i not in (3, 7)),
                   "undamaged frames failed: %s" % res)
             check(m.stat()["corrupt_frames"] >= 2, "corrupt_frames not counted")
+            out = m.output()
+            for i in (3, 7):
+                check("f.zst: the frame at offset %d does not decode" % frames[i]["c_off"]
+                      in out, "no message for frame %d: %r" % (i, out))
             # a sequential read stops with EIO at frame 3, after its bytes
             with open(d + "/mnt/f", "rb") as f:
                 got = b""

@@ -260,11 +260,37 @@ def test_zstdcli():
         # a pipe: frames without a content size
         with open(d + "/orig", "rb") as fin, open(dst + "/piped.zst", "wb") as fout:
             subprocess.run(["zstd", "-q", "-c", "-"], stdin=fin, stdout=fout, check=True)
+        # a dictionary: not served (zfolio takes none), and the log says why
+        samples = []
+        for i in range(40):
+            samples.append(d + "/s%d" % i)
+            with open(samples[-1], "wb") as f:
+                f.write(data[i * 3000:i * 3000 + 2000])
+        subprocess.run(["zstd", "-q", "-f", "--train", *samples, "-o", d + "/dict"],
+                       check=True, capture_output=True)
+        subprocess.run(["zstd", "-q", "-f", "-D", d + "/dict", d + "/orig", "-o",
+                        d + "/dst_dict.zst"], check=True)
+        # its frame header keeps no dictionary ID: its frames do not decode
+        subprocess.run(["zstd", "-q", "-f", "-D", d + "/dict", "--no-dictID", d + "/orig",
+                        "-o", d + "/dst_nodictid.zst"], check=True)
+        os.rename(d + "/dst_dict.zst", dst + "/dict.zst")
+        os.rename(d + "/dst_nodictid.zst", dst + "/nodictid.zst")
         with Mount(dst, d + "/mnt", "budget=64M") as m:
             for name in list(variants) + ["piped"]:
                 check(os.stat(d + "/mnt/" + name).st_size == len(data), "size of " + name)
                 check(read_all(d + "/mnt/" + name) == data, "content of " + name)
             check(m.stat()["corrupt_frames"] == 0, "corrupt frames counted")
+            for name in ("dict", "nodictid"):
+                try:
+                    read_all(d + "/mnt/" + name)
+                    fail(name + " read")
+                except OSError as e:
+                    check(e.errno == errno.EIO, "%s: %s" % (name, e))
+            out = m.output()
+            check("dict.zst: frame at offset 0 was compressed with a dictionary" in out,
+                  "no message for dict.zst: %r" % out)
+            check("nodictid.zst: the frame at offset 0 does not decode" in out,
+                  "no message for nodictid.zst: %r" % out)
 
 
 def test_uring():
