@@ -129,6 +129,13 @@ static int check_mountpoint(const char *mp)
 	struct dirent *d;
 	DIR *dir = opendir(mp);
 
+	if (!dir && errno == ENOTCONN) { /* its daemon is gone */
+		fprintf(stderr,
+			"%s: mountpoint %s: a mount whose daemon has exited "
+			"is still there; unmount it first: fusermount3 -u %s\n",
+			progname, mp, mp);
+		return -1;
+	}
 	if (!dir) {
 		fprintf(stderr, "%s: mountpoint %s: %s\n", progname, mp,
 			strerror(errno));

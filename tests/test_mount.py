@@ -186,6 +186,20 @@ def test_errors():
                             ZFOLIO, d + "/ds", d + "/mnt"],
                            capture_output=True, text=True, timeout=30)
         one_line_error(r, "no /dev/fuse", "/dev/fuse")
+        # a mount whose daemon was killed: said so, with what to do
+        src = d + "/src"
+        os.makedirs(src)
+        with open(src + "/f", "wb") as f:
+            f.write(b"x")
+        pack(src, d + "/packed")
+        with Mount(d + "/packed", d + "/mnt", expect_exit=None) as m:
+            try:
+                os.kill(m.pid, signal.SIGKILL)
+                m.proc.wait(timeout=30)
+                one_line_error(run_cli([d + "/packed", d + "/mnt"]), "dead mount",
+                               "fusermount3 -u " + d + "/mnt")
+            finally:
+                subprocess.run(["umount", "-l", d + "/mnt"], capture_output=True)
         h = run_cli(["-h"])
         check(h.returncode == 0, "-h exit status")
         for opt in ("budget=", "threads=", "cache=", "ra_kb=", "ra_reclaim=", "lockless=",
