@@ -209,6 +209,9 @@ def test_errors():
         check(r.returncode != 0 and "missing" in r.stderr, "mkzfolio missing source")
         r = subprocess.run([MKZFOLIO, d + "/ds", d + "/full"], capture_output=True, text=True)
         check(r.returncode != 0 and "not empty" in r.stderr, "mkzfolio non-empty DST")
+        r = subprocess.run([MKZFOLIO, d + "/src", d + "/src/out"], capture_output=True, text=True)
+        check(r.returncode != 0 and "is inside" in r.stderr, "mkzfolio DST inside SRC")
+        check(not os.path.exists(d + "/src/out"), "mkzfolio left DST inside SRC")
 
 
 def transport_of(m):

@@ -245,14 +245,19 @@ static void check_paths(const struct cli *cli, struct stat *sst, char *rsrc,
 		die("%s: %s", cli->src, strerror(errno));
 	if (!S_ISDIR(sst->st_mode))
 		die("%s: not a directory", cli->src);
-	if (mkdir(cli->dst, 0755) && errno != EEXIST)
+	bool made = mkdir(cli->dst, 0755) == 0;
+
+	if (!made && errno != EEXIST)
 		die("%s: %s", cli->dst, strerror(errno));
 	if (!realpath(cli->src, rsrc))
 		die("%s: %s", cli->src, strerror(errno));
 	if (!realpath(cli->dst, rdst))
 		die("%s: %s", cli->dst, strerror(errno));
-	if (path_is_within(rdst, rsrc))
+	if (path_is_within(rdst, rsrc)) {
+		if (made) /* leave nothing behind */
+			rmdir(cli->dst);
 		die("%s is inside %s", cli->dst, cli->src);
+	}
 	if (!cli->force && !dir_is_empty(rdst))
 		die("%s is not empty (use --force to write into it)",
 		    cli->dst);
