@@ -4,12 +4,13 @@
 what zfolioctl makes of the path, the mount and the file it is given.
 
     test_cli.py version | not_mount | groups | writes | stat | inspect |
-                frames | index
+                frames | index | changing
 """
 import os
 import re
 import subprocess
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
@@ -331,6 +332,61 @@ def test_index():
                   "the index of %d frames took %d bytes" % (frames, grown))
             with open(path, "rb") as f:
                 check(f.read() == data, "every byte through the mount")
+
+
+def test_changing():
+    """mkzfolio on a tree that changes under it, as tar does: a file that
+    shrinks while read is packed as read, the rest zeros; a file removed
+    between listing and reading is left out; both said, exit status 1,
+    and the dataset is whole and mounts."""
+    require_root_fuse()
+    sysfs = "/sys/kernel/mm/transparent_hugepage/enabled"
+    with tmpdir() as d:
+        for layout in ("packed", "tree"):
+            src, dst = d + "/src_" + layout, d + "/dst_" + layout
+            os.makedirs(src)
+            # a sysfs file says 4096 bytes and holds fewer: it "shrinks"
+            with open(src + "/short", "wb"):
+                pass
+            subprocess.run(["mount", "--bind", sysfs, src + "/short"], check=True)
+            try:
+                st = os.stat(src + "/short")
+                with open(sysfs, "rb") as f:
+                    got = f.read()
+                check(st.st_size > len(got), "%s: %d bytes, size %d" %
+                      (sysfs, len(got), st.st_size))
+                for i in range(3000):
+                    with open(src + "/v%04d" % i, "wb") as f:
+                        f.write(b"%d\n" % i)
+                stop = threading.Event()
+
+                def remove():  # behind mkzfolio's walk, in its order
+                    for i in range(3000):
+                        if stop.is_set():
+                            return
+                        os.unlink(src + "/v%04d" % i)
+                p = subprocess.Popen([MKZFOLIO, "-q", "-j", "1", "--layout", layout,
+                                      src, dst], stderr=subprocess.PIPE, text=True)
+                t = threading.Thread(target=remove)
+                t.start()
+                err = p.communicate(timeout=300)[1]
+                stop.set()
+                t.join()
+            finally:
+                subprocess.run(["umount", src + "/short"], capture_output=True)
+            check(p.returncode == 1, "%s: exit status %d: %s" % (layout, p.returncode, err))
+            check(src + "/short: shrank while being read" in err, "%s: %r" % (layout, err))
+            check("changed while being read: pack again" in err, "%s: %r" % (layout, err))
+            gone = err.count("removed while being packed")
+            with Mount(dst, d + "/mnt"):
+                with open(d + "/mnt/short", "rb") as f:
+                    check(f.read() == got + bytes(st.st_size - len(got)),
+                          "%s: the short file" % layout)
+                names = [n for n in os.listdir(d + "/mnt") if n.startswith("v")]
+                for n in names:
+                    with open(d + "/mnt/" + n, "rb") as f:
+                        check(f.read() == b"%d\n" % int(n[1:]), "%s: %s" % (layout, n))
+            print("%s: %d of 3000 packed, %d said removed" % (layout, len(names), gone))
 
 
 if __name__ == "__main__":

@@ -399,7 +399,13 @@ int main(int argc, char **argv)
 	packer_free(&pk);
 	close(src.fd);
 	close(dst.fd);
+	if (files_changed()) {
+		/* the dataset is whole; those files may not be what is there */
+		warn("%u file%s changed while being read: pack again for a "
+		     "consistent copy", files_changed(),
+		     files_changed() == 1 ? "" : "s");
+	}
 	if (url)
 		upload_dataset(tmp_dir, url, &cli.store, cli.quiet);
-	return 0;
+	return files_changed() ? 1 : 0;
 }

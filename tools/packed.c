@@ -340,10 +340,14 @@ static struct hardlink **hardlink_slot(struct packed *p, const struct stat *st)
 	return pp;
 }
 
-/* A regular file's data; for a hard link met before, the first one's. */
+/*
+ * A regular file's data; for a hard link met before, the first one's.  A
+ * file removed since st was taken sets *gone (and is not packed).
+ */
 static struct place_in_data file_data(struct packed *p, int dirfd,
 				      const char *name, const char *spath,
-				      const struct stat *st, uint64_t *inum)
+				      const struct stat *st, uint64_t *inum,
+				      bool *gone)
 {
 	struct hardlink **hl = NULL, *l;
 	struct place_in_data d = {false, 0, 0};
@@ -361,6 +365,10 @@ static struct place_in_data file_data(struct packed *p, int dirfd,
 	}
 	if (st->st_size) {
 		fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0 && vanished(errno, spath, "not packed")) {
+			*gone = true;
+			return d;
+		}
 		if (fd < 0)
 			die("%s: %s", spath, strerror(errno));
 		if ((uint64_t)st->st_size <= p->pk->small)
@@ -416,11 +424,21 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 	struct stat st;
 	ssize_t len;
 
-	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW))
-		die("%s: %s", spath, strerror(errno));
+	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW)) {
+		if (!vanished(errno, spath, "not packed"))
+			die("%s: %s", spath, strerror(errno));
+		free(spath);
+		return false;
+	}
 	nlink = st.st_nlink;
 	if (S_ISREG(st.st_mode)) {
-		d = file_data(p, dirfd, name, spath, &st, &inum);
+		bool gone = false;
+
+		d = file_data(p, dirfd, name, spath, &st, &inum, &gone);
+		if (gone) {
+			free(spath);
+			return false;
+		}
 		size = (uint64_t)st.st_size;
 		p->pk->files++;
 	} else if (S_ISDIR(st.st_mode)) {
@@ -464,6 +482,11 @@ static void walk(struct packed *p, int dirfd, const char *spath,
 							     O_NOFOLLOW |
 							     O_CLOEXEC);
 			sub_s = join(spath, names[i]);
+			if (fd < 0 && vanished(errno, sub_s, "packed empty")) {
+				free(sub_s);
+				free(names[i]);
+				continue;
+			}
 			if (fd < 0)
 				die("%s: %s", sub_s, strerror(errno));
 			sub_m = *mpath ? join(mpath, names[i])

@@ -153,7 +153,16 @@ void write_all(int fd, const void *buf, size_t len, const char *path)
 	}
 }
 
-/* Exactly len bytes, or the file is not what fstatat said it was. */
+/* Files that were shorter when read than fstatat said, the last named. */
+static unsigned int changed_files;
+static char changed_last[PATH_MAX];
+
+/*
+ * Exactly len bytes.  A file that shrank while being read (a log rotated,
+ * a file rewritten) is packed as it was read, its missing tail as zeros,
+ * as tar does: said once per file here, and counted for mkzfolio's exit
+ * status.  A file that grew is packed at the size fstatat gave.
+ */
 void read_all(int fd, void *buf, size_t len, const char *path)
 {
 	size_t got = 0;
@@ -163,10 +172,35 @@ void read_all(int fd, void *buf, size_t len, const char *path)
 
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n <= 0)
-			die("%s: changed while being read", path);
+		if (n < 0)
+			die("%s: %s", path, strerror(errno));
+		if (n == 0) {
+			memset((char *)buf + got, 0, len - got);
+			if (strcmp(changed_last, path)) {
+				snprintf(changed_last, sizeof(changed_last),
+					 "%s", path);
+				changed_files++;
+				warn("%s: shrank while being read; packed "
+				     "as read, the rest as zeros", path);
+			}
+			return;
+		}
 		got += (size_t)n;
 	}
+}
+
+unsigned int files_changed(void)
+{
+	return changed_files;
+}
+
+bool vanished(int err, const char *path, const char *done)
+{
+	if (err != ENOENT)
+		return false;
+	changed_files++;
+	warn("%s: removed while being packed; %s", path, done);
+	return true;
 }
 
 int set_times(int dirfd, const char *name, const struct stat *st,

@@ -51,6 +51,8 @@ static void pack_file(struct packer *pk, const struct place *src,
 	int fd;
 
 	fd = openat(src->fd, e->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 && vanished(errno, e->spath, "not packed"))
+		return;
 	if (fd < 0)
 		die("%s: %s", e->spath, strerror(errno));
 	of = outfile_open(pk, dst, e);
@@ -92,12 +94,14 @@ static void pack_dir(struct packer *pk, const struct place *src,
 {
 	struct place s2 = {.path = e->spath}, d2 = {.path = e->dpath};
 
-	if (mkdirat(dst->fd, e->name, 0700) && errno != EEXIST)
-		die("%s: %s", e->dpath, strerror(errno));
 	s2.fd = openat(src->fd, e->name,
 		       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (s2.fd < 0 && vanished(errno, e->spath, "not packed"))
+		return;
 	if (s2.fd < 0)
 		die("%s: %s", e->spath, strerror(errno));
+	if (mkdirat(dst->fd, e->name, 0700) && errno != EEXIST)
+		die("%s: %s", e->dpath, strerror(errno));
 	d2.fd = openat(dst->fd, e->name,
 		       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (d2.fd < 0)
@@ -161,9 +165,10 @@ static void pack_entry(struct packer *pk, const struct place *src,
 
 	e.spath = join(src->path, name);
 	e.dpath = join(dst->path, name);
-	if (fstatat(src->fd, name, &e.st, AT_SYMLINK_NOFOLLOW))
-		die("%s: %s", e.spath, strerror(errno));
-	if (S_ISREG(e.st.st_mode))
+	if (fstatat(src->fd, name, &e.st, AT_SYMLINK_NOFOLLOW)) {
+		if (!vanished(errno, e.spath, "not packed"))
+			die("%s: %s", e.spath, strerror(errno));
+	} else if (S_ISREG(e.st.st_mode))
 		pack_file(pk, src, dst, &e);
 	else if (S_ISDIR(e.st.st_mode))
 		pack_dir(pk, src, dst, &e);
