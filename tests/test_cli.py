@@ -337,8 +337,9 @@ def test_index():
 def test_changing():
     """mkzfolio on a tree that changes under it, as tar does: a file that
     shrinks while read is packed as read, the rest zeros; a file removed
-    between listing and reading is left out; both said, exit status 1,
-    and the dataset is whole and mounts."""
+    between listing and reading is left out; files the user cannot read
+    are left out; each said, exit status 1, and the dataset is whole and
+    mounts."""
     require_root_fuse()
     sysfs = "/sys/kernel/mm/transparent_hugepage/enabled"
     with tmpdir() as d:
@@ -387,6 +388,29 @@ def test_changing():
                     with open(d + "/mnt/" + n, "rb") as f:
                         check(f.read() == b"%d\n" % int(n[1:]), "%s: %s" % (layout, n))
             print("%s: %d of 3000 packed, %d said removed" % (layout, len(names), gone))
+        # packed by a user who cannot read all of it: the rest is packed
+        os.chmod(d, 0o755)
+        src = d + "/src_user"
+        os.makedirs(src + "/locked")
+        for name in ("a", "secret", "locked/x"):
+            with open(src + "/" + name, "wb") as f:
+                f.write(name.encode())
+        os.chmod(src + "/secret", 0o600)
+        os.chmod(src + "/locked", 0o700)
+        os.makedirs(d + "/out", mode=0o777)
+        os.chmod(d + "/out", 0o777)
+        for layout in ("packed", "tree"):
+            dst = d + "/out/" + layout
+            r = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                     MKZFOLIO, "-q", "--layout", layout, src, dst])
+            check(r.returncode == 1, "%s as a user: %d %s" % (layout, r.returncode, r.stderr))
+            for needle in ("secret: Permission denied; not packed", "locked: Permission denied",
+                           "2 files could not be read and are left out"):
+                check(needle in r.stderr, "%s: %r does not say %r" % (layout, r.stderr, needle))
+            with Mount(dst, d + "/mnt"):
+                with open(d + "/mnt/a", "rb") as f:
+                    check(f.read() == b"a", layout + ": a")
+                check(not os.path.exists(d + "/mnt/secret"), layout + ": secret packed")
 
 
 if __name__ == "__main__":

@@ -399,13 +399,16 @@ int main(int argc, char **argv)
 	packer_free(&pk);
 	close(src.fd);
 	close(dst.fd);
-	if (files_changed()) {
-		/* the dataset is whole; those files may not be what is there */
+	/* the dataset is whole either way; these files are not all there */
+	if (files_changed())
 		warn("%u file%s changed while being read: pack again for a "
 		     "consistent copy", files_changed(),
 		     files_changed() == 1 ? "" : "s");
-	}
+	if (files_unreadable())
+		warn("%u file%s could not be read and %s left out",
+		     files_unreadable(), files_unreadable() == 1 ? "" : "s",
+		     files_unreadable() == 1 ? "is" : "are");
 	if (url)
 		upload_dataset(tmp_dir, url, &cli.store, cli.quiet);
-	return files_changed() ? 1 : 0;
+	return files_changed() || files_unreadable() ? 1 : 0;
 }

@@ -120,9 +120,14 @@ void write_all(int fd, const void *buf, size_t len, const char *path);
 void read_all(int fd, void *buf, size_t len, const char *path);
 /* how many files read_all() found shorter than they were said to be */
 unsigned int files_changed(void);
-/* A file gone between its listing and its reading (err ENOENT): said,
- * with what was done instead, counted as changed, true; else false. */
-bool vanished(int err, const char *path, const char *done);
+/*
+ * A file that cannot be read, and is skipped: err ENOENT (gone between its
+ * listing and its reading: counted as changed) or EACCES/EPERM (counted as
+ * unreadable).  Said, with what was done instead (done); true.  Else false.
+ */
+bool skip_unreadable(int err, const char *path, const char *done);
+/* how many files skip_unreadable() skipped for EACCES/EPERM */
+unsigned int files_unreadable(void);
 int set_times(int dirfd, const char *name, const struct stat *st, int flags);
 struct outfile *outfile_create(int dirfd, const char *name, const char *path,
 			       uint32_t nframes);

@@ -365,7 +365,7 @@ static struct place_in_data file_data(struct packed *p, int dirfd,
 	}
 	if (st->st_size) {
 		fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0 && vanished(errno, spath, "not packed")) {
+		if (fd < 0 && skip_unreadable(errno, spath, "not packed")) {
 			*gone = true;
 			return d;
 		}
@@ -425,7 +425,7 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 	ssize_t len;
 
 	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW)) {
-		if (!vanished(errno, spath, "not packed"))
+		if (!skip_unreadable(errno, spath, "not packed"))
 			die("%s: %s", spath, strerror(errno));
 		free(spath);
 		return false;
@@ -482,7 +482,7 @@ static void walk(struct packed *p, int dirfd, const char *spath,
 							     O_NOFOLLOW |
 							     O_CLOEXEC);
 			sub_s = join(spath, names[i]);
-			if (fd < 0 && vanished(errno, sub_s, "packed empty")) {
+			if (fd < 0 && skip_unreadable(errno, sub_s, "packed empty")) {
 				free(sub_s);
 				free(names[i]);
 				continue;

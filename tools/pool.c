@@ -16,10 +16,14 @@
 
 #include "mkzfolio.h"
 
-/* On a line of its own: the progress bar may be on the current one. */
+/* The progress bar is on stderr's current line. */
+static bool bar_shown;
+
+/* On a line of its own, below the progress bar if it is shown. */
 static void report(const char *fmt, va_list ap)
 {
-	fprintf(stderr, "\n%s: ", progname);
+	fprintf(stderr, "%s%s: ", bar_shown ? "\n" : "", progname);
+	bar_shown = false;
 	vfprintf(stderr, fmt, ap);
 	fputc('\n', stderr);
 }
@@ -133,6 +137,7 @@ void draw_progress(struct packer *pk, bool final)
 		(int)eta / 60, (int)eta % 60);
 	if (final)
 		fputc('\n', stderr);
+	bar_shown = !final;
 	fflush(stderr);
 }
 
@@ -194,13 +199,26 @@ unsigned int files_changed(void)
 	return changed_files;
 }
 
-bool vanished(int err, const char *path, const char *done)
+static unsigned int unreadable_files;
+
+bool skip_unreadable(int err, const char *path, const char *done)
 {
-	if (err != ENOENT)
-		return false;
-	changed_files++;
-	warn("%s: removed while being packed; %s", path, done);
-	return true;
+	if (err == ENOENT) {
+		changed_files++;
+		warn("%s: removed while being packed; %s", path, done);
+		return true;
+	}
+	if (err == EACCES || err == EPERM) {
+		unreadable_files++;
+		warn("%s: %s; %s", path, strerror(err), done);
+		return true;
+	}
+	return false;
+}
+
+unsigned int files_unreadable(void)
+{
+	return unreadable_files;
 }
 
 int set_times(int dirfd, const char *name, const struct stat *st,

@@ -51,7 +51,7 @@ static void pack_file(struct packer *pk, const struct place *src,
 	int fd;
 
 	fd = openat(src->fd, e->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 && vanished(errno, e->spath, "not packed"))
+	if (fd < 0 && skip_unreadable(errno, e->spath, "not packed"))
 		return;
 	if (fd < 0)
 		die("%s: %s", e->spath, strerror(errno));
@@ -96,7 +96,7 @@ static void pack_dir(struct packer *pk, const struct place *src,
 
 	s2.fd = openat(src->fd, e->name,
 		       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (s2.fd < 0 && vanished(errno, e->spath, "not packed"))
+	if (s2.fd < 0 && skip_unreadable(errno, e->spath, "not packed"))
 		return;
 	if (s2.fd < 0)
 		die("%s: %s", e->spath, strerror(errno));
@@ -166,7 +166,7 @@ static void pack_entry(struct packer *pk, const struct place *src,
 	e.spath = join(src->path, name);
 	e.dpath = join(dst->path, name);
 	if (fstatat(src->fd, name, &e.st, AT_SYMLINK_NOFOLLOW)) {
-		if (!vanished(errno, e.spath, "not packed"))
+		if (!skip_unreadable(errno, e.spath, "not packed"))
 			die("%s: %s", e.spath, strerror(errno));
 	} else if (S_ISREG(e.st.st_mode))
 		pack_file(pk, src, dst, &e);
