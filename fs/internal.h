@@ -79,6 +79,7 @@ struct opt_desc {
 extern const struct opt_desc opt_table[];
 extern const size_t nr_opts;
 int opt_apply(struct options *o, const struct opt_desc *d, const char *val);
+void opt_value_range(const struct opt_desc *d, char *out, size_t len);
 void opt_value_hint(const struct opt_desc *d, char *out, size_t len);
 void options_defaults(struct options *o);
 unsigned int options_kernel_ra_kb(const struct options *o);

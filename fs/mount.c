@@ -77,11 +77,17 @@ static int opt_proc(void *data, const char *arg, int key,
 				continue;
 			if (arg[n] != '=' ||
 			    opt_apply(pc->opt, &opt_table[i], arg + n + 1)) {
+				char range[128];
+
+				opt_value_range(&opt_table[i], range,
+						sizeof(range));
 				if (!pc->error &&
 				    asprintf(&pc->error,
-					     "bad value for option %s: '%s'",
+					     "bad value for option %s: '%s' "
+					     "(%s)",
 					     opt_table[i].name,
-					     arg[n] ? arg + n + 1 : "") < 0)
+					     arg[n] ? arg + n + 1 : "",
+					     range) < 0)
 					pc->error = NULL;
 				return -1;
 			}

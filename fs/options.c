@@ -166,6 +166,56 @@ void opt_value_hint(const struct opt_desc *d, char *out, size_t len)
 	}
 }
 
+/* A size as it would be written: "4T", "1M", "0". */
+static void short_size(char *out, size_t len, uint64_t v)
+{
+	static const char units[] = "KMGT";
+	int u = -1;
+
+	while (v && v % 1024 == 0 && u < 3) {
+		v /= 1024;
+		u++;
+	}
+	if (u < 0)
+		snprintf(out, len, "%llu", (unsigned long long)v);
+	else
+		snprintf(out, len, "%llu%c", (unsigned long long)v, units[u]);
+}
+
+/* What values it takes, for an error: "a size from 1M to 4T". */
+void opt_value_range(const struct opt_desc *d, char *out, size_t len)
+{
+	struct text t = {out, len, 0};
+	char lo[32], hi[32];
+
+	switch (d->type) {
+	case OPT_SIZE:
+	case OPT_SIZE_MAX:
+		short_size(lo, sizeof(lo), d->min);
+		short_size(hi, sizeof(hi), d->max);
+		text_printf(&t, "a size from %s to %s%s", lo, hi,
+			    d->type == OPT_SIZE_MAX ? ", or max" : "");
+		return;
+	case OPT_UINT:
+		text_printf(&t, "a number from %llu to %llu%s",
+			    (unsigned long long)d->min,
+			    (unsigned long long)d->max,
+			    strcmp(d->def, "auto") ? "" : ", or auto");
+		return;
+	case OPT_NAME:
+		text_printf(&t, "a name");
+		return;
+	case OPT_TEXT:
+		text_printf(&t, "text");
+		return;
+	case OPT_BOOL:
+	case OPT_ENUM:
+		text_printf(&t, "one of ");
+		opt_value_hint(d, out + t.off, len - t.off);
+		return;
+	}
+}
+
 static int apply_size(const struct opt_desc *d, uint64_t *p, const char *val)
 {
 	uint64_t v;

@@ -177,8 +177,13 @@ def test_errors():
         one_line_error(run_cli([d + "/ds", d + "/full"]), "non-empty mountpoint", "not an empty directory")
         one_line_error(run_cli([d + "/ds", d + "/nope"]), "missing mountpoint", "nope")
         one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "budget=lots"]), "bad budget", "budget")
-        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "cache=fast"]), "bad cache", "cache")
-        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "threads=-1"]), "bad threads", "threads")
+        # a bad value says what the option takes
+        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "budget=1K"]), "small budget",
+                       "'1K' (a size from 1M to 4T)")
+        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "cache=fast"]), "bad cache",
+                       "(one of engine|kernel)")
+        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "threads=-1"]), "bad threads",
+                       "(a number from 0 to 256)")
         one_line_error(run_cli([d + "/ds"]), "no mountpoint", "MOUNTPOINT")
         # no /dev/fuse: hide /dev in a private mount namespace
         r = subprocess.run(["unshare", "-m", "sh", "-c",
