@@ -74,14 +74,6 @@ static bool close_idle(struct fd_cache *c)
 	return true;
 }
 
-static bool same_file(const struct stat *a, const struct stat *b)
-{
-	return a->st_ino == b->st_ino && a->st_dev == b->st_dev &&
-	       a->st_size == b->st_size &&
-	       a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
-	       a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
-}
-
 /* Open f's backing file again; the cache's lock is held. */
 static int reopen(struct fd_cache *c, struct zfile *f)
 {
@@ -93,7 +85,7 @@ static int reopen(struct fd_cache *c, struct zfile *f)
 	fd = dataset_open_backing(f->ds, f->path, O_RDONLY);
 	if (fd < 0)
 		return fd;
-	if (fstat(fd, &st) || !same_file(&st, &f->st)) {
+	if (fstat(fd, &st) || !same_backing(&st, &f->st)) {
 		close(fd);
 		return -ESTALE;
 	}
@@ -121,7 +113,7 @@ static void open_direct(struct fd_cache *c, struct zfile *f)
 	struct stat st;
 	int fd = dataset_open_backing(f->ds, f->path, O_RDONLY | O_DIRECT);
 
-	if (fd >= 0 && !fstat(fd, &st) && same_file(&st, &f->st) &&
+	if (fd >= 0 && !fstat(fd, &st) && same_backing(&st, &f->st) &&
 	    dio_aligned(fd)) {
 		f->dfd = fd;
 		c->open++;

@@ -267,7 +267,7 @@ void zfile_put(struct zfile *f)
 	mapping_put(f->mapping);
 }
 
-static bool same_backing(const struct stat *a, const struct stat *b)
+bool same_backing(const struct stat *a, const struct stat *b)
 {
 	return a->st_ino == b->st_ino && a->st_dev == b->st_dev &&
 	       a->st_size == b->st_size &&

@@ -308,6 +308,8 @@ struct znode *dataset_lookup(struct dataset *ds, struct znode *parent,
 			     const char *name, int *err);
 int dataset_open_backing(struct dataset *ds, const char *path, int flags);
 int backing_lstat(struct dataset *ds, const char *path, struct stat *st);
+/* The same backing file, unchanged: inode, device, size and mtime. */
+bool same_backing(const struct stat *a, const struct stat *b);
 struct dir_entry {
 	char *name;  /* served name */
 	mode_t type;

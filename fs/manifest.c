@@ -380,9 +380,32 @@ int manifest_list(struct dataset *ds, fuse_ino_t ino, struct dir_entry **out,
 }
 
 /*
+ * Whether the dataset on disk is still the one mounted.  mkzfolio --force
+ * removes manifest.zst first and writes it last, so a data file opened
+ * while manifest.zst is the one the mount read belongs to the mount's
+ * manifest.  A dataset packed again under the mount is said once: its
+ * entries would be read at their old places in the new data files.
+ */
+static bool dataset_unchanged(struct dataset *ds)
+{
+	struct stat st;
+
+	if (ds->store) /* objects are checked one by one (ETag) */
+		return true;
+	if (!backing_lstat(ds, ZMF_NAME, &st) &&
+	    same_backing(&st, &ds->mf->zf->st))
+		return true;
+	zlog_file(ZMF_NAME, "the dataset was packed again under the mount: "
+			    "remount it to see the new one (until then, data "
+			    "not read before reads as EIO)");
+	return false;
+}
+
+/*
  * The data file id, opened when first needed, with a reference.  A data
  * file in a store that was seen to change is indexed again (its cached
- * folios go with the old index).
+ * folios go with the old index).  A local one opened after the dataset
+ * was packed again is not the manifest's: EIO.
  */
 static int data_file(struct dataset *ds, uint64_t id, struct zfile **out)
 {
@@ -405,6 +428,12 @@ static int data_file(struct dataset *ds, uint64_t id, struct zfile **out)
 		r = zfile_open_path(ds, path, &d->f, why, sizeof(why));
 		if (r && ds->store)
 			zlog_file(path, "%s", why);
+		if ((!r || r == -ENOENT) && !dataset_unchanged(ds)) {
+			if (!r)
+				zfile_put(d->f);
+			d->f = NULL;
+			r = -EIO;
+		}
 	}
 	if (!r) {
 		mapping_get(d->f->mapping);

@@ -4,7 +4,8 @@
 files), faults above (signals, unmounts), and what the daemon must never do
 (follow links out of the dataset, open device nodes).
 
-    test_faults.py eio | short | direct | corrupt | changed | signals | security | soak | valgrind
+    test_faults.py eio | short | direct | corrupt | changed | repacked | signals |
+                   security | soak | valgrind
 """
 import errno
 import json
@@ -257,6 +258,48 @@ def test_corrupt():
                 check(e.errno == errno.EIO, "lying table: %s" % e)
             check("seek table" in m.output(), "no message for the lying table")
             check(os.listdir(d + "/mnt") == ["f"], "the mount died")
+
+
+def test_repacked():
+    """mkzfolio --force over a mounted dataset: what the mount read before
+    still reads; what it did not read is EIO (its old places in the new
+    data files hold other files' bytes), never those bytes; the log says
+    to remount, and the remount serves the new dataset."""
+    require_root_fuse()
+    with tmpdir() as d:
+        rnd = random.Random(7)
+        # small files packed together, big ones in data files of their own
+        old = {"f%02d" % i: rnd.randbytes(1000 + i) for i in range(10)}
+        old.update({"b%d" % i: rnd.randbytes(200000 + i) for i in range(4)})
+        new = {"f%02d" % i: rnd.randbytes(1500 + 3 * i) for i in range(10)}
+        new.update({"b%d" % i: rnd.randbytes(300000 + 7 * i) for i in range(4)})
+        for name, files in (("src", old), ("src2", new)):
+            os.makedirs(d + "/" + name)
+            for n, data in files.items():
+                with open(d + "/%s/%s" % (name, n), "wb") as f:
+                    f.write(data)
+        pack(d + "/src", d + "/dst")
+        with Mount(d + "/dst", d + "/mnt") as m:
+            with open(d + "/mnt/f00", "rb") as f:
+                check(f.read() == old["f00"], "f00 before")
+            pack(d + "/src2", d + "/dst", "--force")
+            # the kernel still caches f00's pages: it reads as before
+            with open(d + "/mnt/f00", "rb") as f:
+                check(f.read() == old["f00"], "f00 after")
+            for n in ("b0", "b2", "b3"):
+                try:
+                    with open(d + "/mnt/" + n, "rb") as f:
+                        got = f.read()
+                    fail("%s read %d bytes after the repack (old %s, new %s)" %
+                         (n, len(got), got == old[n], got == new[n][:len(got)]))
+                except OSError as e:
+                    check(e.errno == errno.EIO, "%s: %s" % (n, e))
+            check("packed again under the mount: remount it" in m.output(),
+                  "no message: %r" % m.output())
+        with Mount(d + "/dst", d + "/mnt"):
+            for n in ("f00", "f09", "b0", "b3"):
+                with open(d + "/mnt/" + n, "rb") as f:
+                    check(f.read() == new[n], n + " after the remount")
 
 
 def test_changed():
