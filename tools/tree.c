@@ -177,9 +177,9 @@ static void pack_entry(struct packer *pk, const struct place *src,
 	else if (can_make_node(pk, e.st.st_mode))
 		pack_node(pk, dst, &e);
 	else
-		fprintf(stderr, "\n%s: %s: skipped (%s)\n", progname, e.spath,
-			S_ISSOCK(e.st.st_mode) ? "a socket"
-					       : "a device node, needs root");
+		warn("%s: skipped (%s)", e.spath,
+		     S_ISSOCK(e.st.st_mode) ? "a socket"
+					    : "a device node, needs root");
 	free(e.spath);
 	free(e.dpath);
 }
