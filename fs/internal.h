@@ -382,8 +382,18 @@ int manifest_lookup(struct dataset *ds, fuse_ino_t parent, const char *name,
 		    struct stat *st);
 int manifest_readlink(struct dataset *ds, fuse_ino_t ino, char *buf,
 		      size_t len);
-int manifest_list(struct dataset *ds, fuse_ino_t ino, struct dir_entry **out,
-		  size_t *count);
+/* A directory of the manifest, open: its path and where its entries start. */
+struct mf_dir {
+	char *path; /* "" for the root */
+	size_t plen;
+	uint64_t first;
+};
+int manifest_opendir(struct dataset *ds, fuse_ino_t ino, struct mf_dir *d);
+void manifest_closedir(struct mf_dir *d);
+/* An entry of a directory, its k-th: nonzero stops the walk. */
+typedef int (*mf_dirent_fn)(void *arg, const struct mf_entry *e, uint64_t k);
+int manifest_readdir(struct dataset *ds, const struct mf_dir *d, uint64_t k,
+		     mf_dirent_fn fn, void *arg);
 int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
 		       uint64_t *base, uint64_t *size);
 void manifest_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries);

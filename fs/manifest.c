@@ -285,98 +285,89 @@ int manifest_readlink(struct dataset *ds, fuse_ino_t ino, char *buf,
 	return r;
 }
 
-/* A growing listing. */
-struct listing {
-	const char *path;
-	size_t plen;
-	struct dir_entry *v;
-	size_t n, cap;
-	uint64_t index;   /* the next entry to look at */
-	bool done;        /* met an entry of another directory */
-	struct mf_entry *e;
-};
-
-static int listing_add(struct listing *l, const struct mf_entry *e)
+int manifest_opendir(struct dataset *ds, fuse_ino_t ino, struct mf_dir *d)
 {
-	struct dir_entry *d;
+	bool exact;
+	int r;
 
-	if (l->n == l->cap) {
-		struct dir_entry *nv;
-
-		l->cap = l->cap ? l->cap * 2 : 64;
-		nv = realloc(l->v, l->cap * sizeof(*l->v));
-		if (!nv)
-			return -ENOMEM;
-		l->v = nv;
-	}
-	d = &l->v[l->n];
-	d->name = strdup(e->name);
-	d->st = malloc(sizeof(*d->st));
-	if (!d->name || !d->st) {
-		free(d->name);
-		free(d->st);
+	d->path = malloc(PATH_MAX);
+	if (!d->path)
 		return -ENOMEM;
+	r = dir_path(ds, ino, d->path, PATH_MAX, &d->plen);
+	if (!r)
+		r = mf_seek(ds, d->path, d->plen, "", 0, &d->first, &exact);
+	if (r) {
+		free(d->path);
+		d->path = NULL;
 	}
-	d->type = e->st.st_mode & S_IFMT;
-	d->ino = e->st.st_ino;
-	d->decode = false;
-	*d->st = e->st;
-	l->n++;
-	return 0;
+	return r;
 }
 
-/* The listing's entries in one frame, from l->index on. */
-static int list_in_frame(const char *p, size_t len, void *arg)
+void manifest_closedir(struct mf_dir *d)
 {
-	struct listing *l = arg;
-	unsigned int k = (unsigned int)(l->index % ZMF_FRAME_ENTRIES);
+	free(d->path);
+	d->path = NULL;
+}
+
+/* A walk over a directory's entries, from one of them on. */
+struct dir_walk {
+	const struct mf_dir *dir;
+	uint64_t index;   /* the next entry of the manifest to look at */
+	uint64_t k;       /* its number in the directory */
+	bool done;        /* met an entry of another directory, or fn said */
+	struct mf_entry *e;
+	mf_dirent_fn fn;
+	void *arg;
+};
+
+/* The walk's entries in one frame, from w->index on. */
+static int walk_in_frame(const char *p, size_t len, void *arg)
+{
+	struct dir_walk *w = arg;
+	unsigned int k = (unsigned int)(w->index % ZMF_FRAME_ENTRIES);
 	const char *line, *end = p + len;
 	size_t n;
 	int r;
 
 	if (!nth_line(p, len, k, &line, &n))
 		return -EBADMSG;
-	for (; line < end; line += n + 1, l->index++) {
+	for (; line < end; line += n + 1, w->index++, w->k++) {
 		if (!nth_line(line, (size_t)(end - line), 0, &line, &n))
 			break;
-		r = parse_entry(line, n, l->e);
+		r = parse_entry(line, n, w->e);
 		if (r)
 			return r;
-		if (zmf_path_cmp(l->e->parent, l->e->plen, l->path, l->plen)) {
-			l->done = true;
+		if (zmf_path_cmp(w->e->parent, w->e->plen, w->dir->path,
+				 w->dir->plen) ||
+		    w->fn(w->arg, w->e, w->k)) {
+			w->done = true;
 			return 0;
 		}
-		r = listing_add(l, l->e);
-		if (r)
-			return r;
 	}
 	return 0;
 }
 
-/* Every entry of directory ino, with its attributes: one pass a frame. */
-int manifest_list(struct dataset *ds, fuse_ino_t ino, struct dir_entry **out,
-		  size_t *count)
+/*
+ * The entries of an open directory from its k-th on, to fn, a frame at a
+ * time: no listing is kept, so a directory of any size costs only the
+ * manifest frames it is read from, in the cache, under the budget.
+ */
+int manifest_readdir(struct dataset *ds, const struct mf_dir *d, uint64_t k,
+		     mf_dirent_fn fn, void *arg)
 {
-	char *path = malloc(PATH_MAX);
-	struct listing l = {.path = path, .e = malloc(sizeof(struct mf_entry))};
-	bool exact;
-	int r = path && l.e ? dir_path(ds, ino, path, PATH_MAX, &l.plen)
-			    : -ENOMEM;
+	struct dir_walk w = {d, d->first + k, k, false, NULL, fn, arg};
+	int r = 0;
 
-	if (!r)
-		r = mf_seek(ds, path, l.plen, "", 0, &l.index, &exact);
-	while (!r && !l.done && l.index < ds->mf->nentries)
-		r = mf_frame(ds, (uint32_t)(l.index / ZMF_FRAME_ENTRIES),
-			     list_in_frame, &l);
-	free(path);
-	free(l.e);
-	if (r) {
-		dataset_list_free(l.v, l.n);
-		return r;
-	}
-	*out = l.v;
-	*count = l.n;
-	return 0;
+	if (w.index < d->first) /* k past any directory */
+		return 0;
+	w.e = malloc(sizeof(*w.e));
+	if (!w.e)
+		return -ENOMEM;
+	while (!r && !w.done && w.index < ds->mf->nentries)
+		r = mf_frame(ds, (uint32_t)(w.index / ZMF_FRAME_ENTRIES),
+			     walk_in_frame, &w);
+	free(w.e);
+	return r;
 }
 
 /*

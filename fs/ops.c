@@ -32,8 +32,11 @@ struct handle_hdr {
 	struct cds_list_head link;
 };
 
+/* A directory: of the manifest (read as it is listed), or listed at open. */
 struct dir_handle {
 	struct handle_hdr hdr;
+	bool in_manifest;
+	struct mf_dir md;
 	struct dir_entry *e;
 	size_t n;
 };
@@ -67,7 +70,10 @@ static void handle_free(struct dataset *ds, struct handle_hdr *h)
 	case H_DIR: {
 		struct dir_handle *d = (struct dir_handle *)h;
 
-		dataset_list_free(d->e, d->n);
+		if (d->in_manifest)
+			manifest_closedir(&d->md);
+		else
+			dataset_list_free(d->e, d->n);
 		break;
 	}
 	case H_CTL:
@@ -292,8 +298,9 @@ static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	if (ds->mf && (ino == FUSE_ROOT_ID || manifest_ino(ds, ino)))
-		err = manifest_list(ds, ino, &h->e, &h->n);
+	h->in_manifest = ds->mf && (ino == FUSE_ROOT_ID || manifest_ino(ds, ino));
+	if (h->in_manifest)
+		err = manifest_opendir(ds, ino, &h->md);
 	else
 		err = dataset_list(ds, znode_of(ds, ino), &h->e, &h->n);
 	if (err) {
@@ -329,46 +336,90 @@ static void plus_entry(struct dataset *ds, fuse_ino_t dir,
 		znode_forget(ds, n, 1);
 }
 
+/* A readdir reply being filled. */
+struct dir_reply {
+	fuse_req_t req;
+	struct dataset *ds;
+	fuse_ino_t ino;
+	bool plus;
+	char *p;
+	size_t rem;
+};
+
+/*
+ * One entry into the reply (the next at offset next): false if it does
+ * not fit.  readdirplus's attributes are st, else d's (plus_entry()).
+ */
+static bool reply_entry(struct dir_reply *r, const char *name, mode_t type,
+			ino_t ino, const struct stat *st,
+			const struct dir_entry *d, off_t next)
+{
+	struct fuse_entry_param e = {0};
+	size_t need;
+
+	e.attr.st_mode = type;
+	/* readdir(3) skips entries whose inode number is 0 */
+	e.attr.st_ino = ino ? ino : r->ino;
+	if (!r->plus) {
+		need = fuse_add_direntry(r->req, r->p, r->rem, name, &e.attr,
+					 next);
+		if (need > r->rem)
+			return false;
+	} else {
+		need = fuse_add_direntry_plus(r->req, NULL, 0, name, NULL, 0);
+		if (need > r->rem)
+			return false;
+		if (st)
+			fill_manifest_entry(&e, st);
+		else if (d)
+			plus_entry(r->ds, r->ino, d, &e);
+		fuse_add_direntry_plus(r->req, r->p, r->rem, name, &e, next);
+	}
+	r->p += need;
+	r->rem -= need;
+	return true;
+}
+
+/* A manifest directory's k-th entry, at offset k + 2 ("." and ".." first). */
+static int reply_mf_entry(void *arg, const struct mf_entry *e, uint64_t k)
+{
+	return !reply_entry(arg, e->name, e->st.st_mode & S_IFMT,
+			    e->st.st_ino, &e->st, NULL, (off_t)k + 3);
+}
+
 static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
 			   off_t off, struct fuse_file_info *fi, bool plus)
 {
 	struct dataset *ds = ds_of(req);
 	struct dir_handle *h = (struct dir_handle *)(uintptr_t)fi->fh;
-	char *buf = malloc(size), *p = buf;
-	size_t rem = size;
+	char *buf = malloc(size);
+	struct dir_reply r = {req, ds, ino, plus, buf, size};
+	size_t i = off < 0 ? 0 : (size_t)off;
+	int err = 0;
 
 	if (!buf) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	for (size_t i = (size_t)off; i < h->n + 2; i++) {
-		const char *name = i == 0 ? "." : i == 1 ? ".." : h->e[i - 2].name;
-		struct fuse_entry_param e = {0};
-		size_t need;
+	for (; i < 2; i++)
+		if (!reply_entry(&r, i ? ".." : ".", S_IFDIR, ino, NULL, NULL,
+				 (off_t)i + 1))
+			goto out;
+	if (h->in_manifest)
+		err = manifest_readdir(ds, &h->md, i - 2, reply_mf_entry, &r);
+	for (; !h->in_manifest && i < h->n + 2; i++) {
+		const struct dir_entry *d = &h->e[i - 2];
 
-		e.attr.st_mode = i < 2 ? S_IFDIR : h->e[i - 2].type;
-		/* readdir(3) skips entries whose inode number is 0 */
-		e.attr.st_ino = i < 2 || !h->e[i - 2].ino ? ino
-							  : h->e[i - 2].ino;
-		if (!plus) {
-			need = fuse_add_direntry(req, p, rem, name, &e.attr,
-						 (off_t)i + 1);
-			if (need > rem)
-				break;
-		} else {
-			need = fuse_add_direntry_plus(req, NULL, 0, name, NULL,
-						      0);
-			if (need > rem)
-				break;
-			if (i >= 2)
-				plus_entry(ds, ino, &h->e[i - 2], &e);
-			fuse_add_direntry_plus(req, p, rem, name, &e,
-					       (off_t)i + 1);
-		}
-		p += need;
-		rem -= need;
+		if (!reply_entry(&r, d->name, d->type, d->ino, NULL, d,
+				 (off_t)i + 1))
+			break;
 	}
-	fuse_reply_buf(req, buf, size - rem);
+out:
+	/* what fitted goes; an error only if nothing did */
+	if (err && r.rem == size)
+		fuse_reply_err(req, -err);
+	else
+		fuse_reply_buf(req, buf, size - r.rem);
 	free(buf);
 }
 

@@ -4,7 +4,7 @@
 (tar of the mount equals tar of the source), and many files are listed and
 read with the daemon at 256 open files and its RSS within budget + 32 MiB.
 
-    test_tree.py fidelity | many | foreign | missing
+    test_tree.py fidelity | many | bigdir | foreign | missing
 
 ZF_TREE_FILES sets the size of the many-files tree (default 40000: CI; the
 million-file run is bench/manyfiles).
@@ -227,6 +227,35 @@ def test_many():
         with Mount(dst, mnt, "budget=64M", preexec=nofile(256), timeout=60) as m:
             check_many(mnt, files, n, 64 << 20, m.pid,
                        10000 if n >= 1000000 else 2000)
+
+
+def test_bigdir():
+    """One directory of 100,000 entries, listed (readdir and readdirplus)
+    name for name, with the daemon's RSS within budget + 24 MiB: it reads
+    a directory from the manifest as it is listed, and keeps no listing."""
+    require_root_fuse()
+    n = 100000
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(src + "/big")
+        names = ["entry-%06d-%s" % (i, "x" * (i % 40)) for i in range(n)]
+        for name in names:
+            os.close(os.open(src + "/big/" + name, os.O_CREAT | os.O_WRONLY, 0o644))
+        pack(src, dst)
+        with Mount(dst, mnt, "budget=8M") as m:
+            watch = RssWatch(m.pid)
+            try:
+                got = os.listdir(mnt + "/big")
+                r = subprocess.run("ls -l big | tail -n +2 | wc -l", shell=True, cwd=mnt,
+                                   capture_output=True, text=True)
+            finally:
+                peak = watch.done()
+            check(sorted(got) == names, "listing: %d names, want %d" % (len(got), n))
+            check(r.returncode == 0 and int(r.stdout) == n, "ls -l: %r" % r.stdout)
+            print("daemon VmRSS peak %.1f MiB" % (peak / 2**20))
+            if os.environ.get("ZF_SANITIZE", "none") == "none":
+                check(peak <= (8 << 20) + (24 << 20), "VmRSS %.1f MiB over budget + 24 MiB" %
+                      (peak / 2**20))
 
 
 def test_foreign():
