@@ -4,7 +4,7 @@
 what zfolioctl makes of the path, the mount and the file it is given.
 
     test_cli.py version | not_mount | groups | writes | stat | inspect |
-                frames | index | changing
+                frames | index | changing | xattrs
 """
 import os
 import re
@@ -411,6 +411,26 @@ def test_changing():
                 with open(d + "/mnt/a", "rb") as f:
                     check(f.read() == b"a", layout + ": a")
                 check(not os.path.exists(d + "/mnt/secret"), layout + ": secret packed")
+
+
+def test_xattrs():
+    """Extended attributes are not kept: mkzfolio says how many entries
+    had some (an SELinux label alone aside), once, and packs the rest."""
+    with tmpdir() as d:
+        src = d + "/src"
+        os.makedirs(src + "/sub")
+        for name in ("a", "b", "sub/c"):
+            with open(src + "/" + name, "wb") as f:
+                f.write(name.encode())
+        r = run([MKZFOLIO, "-q", src, d + "/plain"])
+        check(r.returncode == 0 and "extended" not in r.stderr, "no xattrs: %r" % r.stderr)
+        os.setxattr(src + "/b", "user.k", b"v")
+        os.setxattr(src + "/sub", "user.k", b"v")
+        for layout in ("packed", "tree"):
+            r = run([MKZFOLIO, "-q", "--layout", layout, src, d + "/" + layout])
+            check(r.returncode == 0, "%s: %r" % (layout, r.stderr))
+            check("2 entries have extended attributes (the first: %s/" % src in r.stderr
+                  and "does not keep them" in r.stderr, "%s: %r" % (layout, r.stderr))
 
 
 if __name__ == "__main__":

@@ -390,6 +390,7 @@ int main(int argc, char **argv)
 	/* messages name paths as given; the tree layout's last step too */
 	src = (struct place){open_dir(rsrc), cli.src};
 	dst = (struct place){open_dir(rdst), cli.dst};
+	note_xattrs(cli.src);
 	packer_setup(&pk, cli.quiet);
 	pool_start(&pk);
 	pack(&pk, &src, &dst, &sst);
@@ -399,6 +400,7 @@ int main(int argc, char **argv)
 	packer_free(&pk);
 	close(src.fd);
 	close(dst.fd);
+	say_xattrs();
 	/* the dataset is whole either way; these files are not all there */
 	if (files_changed())
 		warn("%u file%s changed while being read: pack again for a "

@@ -128,6 +128,9 @@ unsigned int files_changed(void);
 bool skip_unreadable(int err, const char *path, const char *done);
 /* how many files skip_unreadable() skipped for EACCES/EPERM */
 unsigned int files_unreadable(void);
+/* Counts an entry with extended attributes; say_xattrs() says how many. */
+void note_xattrs(const char *path);
+void say_xattrs(void);
 int set_times(int dirfd, const char *name, const struct stat *st, int flags);
 struct outfile *outfile_create(int dirfd, const char *name, const char *path,
 			       uint32_t nframes);

@@ -431,6 +431,7 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 		return false;
 	}
 	nlink = st.st_nlink;
+	note_xattrs(spath);
 	if (S_ISREG(st.st_mode)) {
 		bool gone = false;
 

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "mkzfolio.h"
@@ -219,6 +220,35 @@ bool skip_unreadable(int err, const char *path, const char *done)
 unsigned int files_unreadable(void)
 {
 	return unreadable_files;
+}
+
+/* Entries with extended attributes, which a dataset does not keep. */
+static unsigned long long xattr_entries;
+static char *xattr_first;
+
+void note_xattrs(const char *path)
+{
+	char names[256];
+	ssize_t n = llistxattr(path, names, sizeof(names));
+
+	/* an SELinux label alone is the mount's to give, not the file's */
+	if (n == 0 || (n < 0 && errno != ERANGE) ||
+	    (n > 0 && (size_t)n == sizeof("security.selinux") &&
+	     !memcmp(names, "security.selinux", (size_t)n)))
+		return;
+	if (!xattr_entries++)
+		xattr_first = strdup(path);
+}
+
+void say_xattrs(void)
+{
+	if (xattr_entries)
+		warn("%llu entr%s extended attributes (the first: %s); a "
+		     "dataset does not keep them",
+		     xattr_entries, xattr_entries == 1 ? "y has" : "ies have",
+		     xattr_first ? xattr_first : "?");
+	free(xattr_first);
+	xattr_first = NULL;
 }
 
 int set_times(int dirfd, const char *name, const struct stat *st,

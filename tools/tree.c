@@ -168,7 +168,12 @@ static void pack_entry(struct packer *pk, const struct place *src,
 	if (fstatat(src->fd, name, &e.st, AT_SYMLINK_NOFOLLOW)) {
 		if (!skip_unreadable(errno, e.spath, "not packed"))
 			die("%s: %s", e.spath, strerror(errno));
-	} else if (S_ISREG(e.st.st_mode))
+		free(e.spath);
+		free(e.dpath);
+		return;
+	}
+	note_xattrs(e.spath);
+	if (S_ISREG(e.st.st_mode))
 		pack_file(pk, src, dst, &e);
 	else if (S_ISDIR(e.st.st_mode))
 		pack_dir(pk, src, dst, &e);
