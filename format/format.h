@@ -152,6 +152,22 @@ int zseek_content_size(zseek_read_fn rd, void *ctx, uint64_t file_size,
 uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos);
 ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off);
 
+/*
+ * A read callback over rd that keeps the last 4 KiB block it read: an
+ * index is built from small reads near each other (the magic, a frame
+ * header, its blocks' headers; a seek table's footer, then the table),
+ * one pread each without it.  Reads over half a block go straight to rd.
+ */
+struct zseek_buffered {
+	zseek_read_fn rd;
+	void *ctx;
+	uint64_t file_size;
+	uint64_t off; /* of buf[0] */
+	size_t len;   /* bytes of buf read */
+	uint8_t buf[4096];
+};
+ssize_t zseek_read_buffered(void *ctx, void *buf, size_t len, uint64_t off);
+
 /* Decode one whole frame into dst (exactly d_size bytes) and verify it. */
 /*
  * Raw frames: content stored as it is, in raw blocks (what zstd writes for

@@ -102,6 +102,39 @@ ssize_t zseek_pread_fd(void *ctx, void *buf, size_t len, uint64_t off)
 	return (ssize_t)done;
 }
 
+ssize_t zseek_read_buffered(void *ctx, void *buf, size_t len, uint64_t off)
+{
+	struct zseek_buffered *b = ctx;
+	uint64_t start;
+	size_t want;
+	ssize_t n;
+
+	if (off >= b->off && off + len <= b->off + b->len) {
+		memcpy(buf, b->buf + (off - b->off), len);
+		return (ssize_t)len;
+	}
+	if (len > sizeof(b->buf) / 2 || off >= b->file_size)
+		return b->rd(b->ctx, buf, len, off);
+	/* the block around it, or from it when it straddles two */
+	start = off / sizeof(b->buf) * sizeof(b->buf);
+	if (off + len > start + sizeof(b->buf))
+		start = off;
+	want = b->file_size - start < sizeof(b->buf)
+		       ? (size_t)(b->file_size - start)
+		       : sizeof(b->buf);
+	n = b->rd(b->ctx, b->buf, want, start);
+	if (n < 0) {
+		b->len = 0;
+		return n;
+	}
+	b->off = start;
+	b->len = (size_t)n;
+	if (off + len > start + b->len) /* short: the file ended */
+		len = start + b->len > off ? (size_t)(start + b->len - off) : 0;
+	memcpy(buf, b->buf + (off - start), len);
+	return (ssize_t)len;
+}
+
 void zseek_index_free(struct zseek_index *idx)
 {
 	free(idx->frames);

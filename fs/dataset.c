@@ -220,15 +220,22 @@ static int resolve_backing(struct dataset *ds, struct znode *parent,
 }
 
 /* name in parent, with one more kernel lookup; NULL with *err. */
+/*
+ * The node parent/name serves, with a lookup counted, and its attributes
+ * in st (as znode_stat() gives them, from the lstat that found it).
+ */
 struct znode *dataset_lookup(struct dataset *ds, struct znode *parent,
-			     const char *name, int *err)
+			     const char *name, struct stat *st, int *err)
 {
 	struct backing_name b;
 	struct znode *n = NULL;
 	char *path;
 
-	if (lookup_ctl(ds, parent, name, &n, err))
+	if (lookup_ctl(ds, parent, name, &n, err)) {
+		if (!*err)
+			ctl_stat(ds, n, st);
 		return *err ? NULL : n;
+	}
 	if (parent->kind != ZN_DIR) {
 		*err = -ENOTDIR;
 		return NULL;
@@ -239,6 +246,10 @@ struct znode *dataset_lookup(struct dataset *ds, struct znode *parent,
 	n = inode_get(ds, &b.st, b.decode, path);
 	free(path);
 	*err = n ? 0 : -ENOMEM;
+	if (n) {
+		*st = b.st;
+		znode_stat_from(ds, n, st);
+	}
 	return n;
 }
 

@@ -321,12 +321,18 @@ static int zfile_index(struct zfile *f)
 {
 	char err[256] = "";
 	int r = zfile_stat(f);
+	struct zseek_buffered b;
 
 	if (r)
 		return r;
+	/* a store's objects keep their own tail: read them as they are */
+	b = (struct zseek_buffered){.rd = zfile_read_cb, .ctx = f,
+				    .file_size = (uint64_t)f->st.st_size};
 	cache_thread_offline();
-	r = zseek_index_build(zfile_read_cb, f, (uint64_t)f->st.st_size,
-			      f->decode, &f->idx, err, sizeof(err));
+	r = zseek_index_build(f->obj ? zfile_read_cb : zseek_read_buffered,
+			      f->obj ? (void *)f : &b,
+			      (uint64_t)f->st.st_size, f->decode, &f->idx,
+			      err, sizeof(err));
 	cache_thread_online();
 	if (f->obj)
 		store_obj_drop_tail(f->obj);
@@ -564,9 +570,14 @@ int znode_stat(struct dataset *ds, struct znode *n, struct stat *st)
 	r = backing_lstat(ds, n->path, st);
 	if (r)
 		return r;
+	znode_stat_from(ds, n, st);
+	return 0;
+}
+
+void znode_stat_from(struct dataset *ds, struct znode *n, struct stat *st)
+{
 	/* decoded: the size is the content's; blocks stay on disk */
 	if (n->kind == ZN_FILE && n->decode)
 		znode_size(ds, n, st);
 	st->st_blksize = ZSEEK_DEFAULT_FRAME;
-	return 0;
 }

@@ -305,7 +305,7 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 		 size_t errlen);
 void dataset_close(struct dataset *ds);
 struct znode *dataset_lookup(struct dataset *ds, struct znode *parent,
-			     const char *name, int *err);
+			     const char *name, struct stat *st, int *err);
 int dataset_open_backing(struct dataset *ds, const char *path, int flags);
 int backing_lstat(struct dataset *ds, const char *path, struct stat *st);
 /* The same backing file, unchanged: inode, device, size and mtime. */
@@ -428,6 +428,8 @@ struct znode *znode_new(enum znode_kind kind, const char *path);
 void znode_free(struct znode *n);
 void znode_forget(struct dataset *ds, struct znode *n, uint64_t nlookup);
 int znode_stat(struct dataset *ds, struct znode *n, struct stat *st);
+/* znode_stat() of a node of the backing tree whose lstat st is */
+void znode_stat_from(struct dataset *ds, struct znode *n, struct stat *st);
 int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 	       struct zfile **out);
 void zfile_put(struct zfile *f);

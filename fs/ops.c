@@ -186,15 +186,9 @@ static void zf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		return;
 	}
 	dir = znode_of(ds, parent);
-	n = dataset_lookup(ds, dir, name, &err);
+	n = dataset_lookup(ds, dir, name, &st, &err);
 	if (!n) {
 		lookup_failed(req, err, is_ctl(dir) ? 0 : ds->attr_timeout);
-		return;
-	}
-	err = znode_stat(ds, n, &st);
-	if (err) {
-		znode_forget(ds, n, 1);
-		fuse_reply_err(req, -err);
 		return;
 	}
 	fill_entry(ds, n, &e, &st);
@@ -329,11 +323,9 @@ static void plus_entry(struct dataset *ds, fuse_ino_t dir,
 		fill_manifest_entry(e, d->st);
 		return;
 	}
-	n = dataset_lookup(ds, znode_of(ds, dir), d->name, &err);
-	if (n && znode_stat(ds, n, &st) == 0)
+	n = dataset_lookup(ds, znode_of(ds, dir), d->name, &st, &err);
+	if (n)
 		fill_entry(ds, n, e, &st);
-	else if (n)
-		znode_forget(ds, n, 1);
 }
 
 /* A readdir reply being filled. */

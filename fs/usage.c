@@ -30,13 +30,15 @@ int backing_decoded_size(struct dataset *ds, const char *path,
 {
 	char err[256] = "";
 	int fd = dataset_open_backing(ds, path, O_RDONLY);
+	struct zseek_buffered b = {.rd = zseek_pread_fd, .ctx = &fd,
+				   .file_size = (uint64_t)st->st_size};
 	int r;
 
 	if (fd < 0)
 		return fd;
 	cache_thread_offline();
-	r = zseek_content_size(zseek_pread_fd, &fd, (uint64_t)st->st_size, size,
-			       err, sizeof(err));
+	r = zseek_content_size(zseek_read_buffered, &b, (uint64_t)st->st_size,
+			       size, err, sizeof(err));
 	cache_thread_online();
 	close(fd);
 	if (r)

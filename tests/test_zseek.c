@@ -570,6 +570,61 @@ static void test_pack(void)
 	zseek_index_free(&idx);
 }
 
+/* A read callback that counts its calls, over a memfile. */
+struct counted {
+	struct memfile m;
+	int calls;
+	int fail; /* nonzero: every read fails with it */
+};
+
+static ssize_t counted_read(void *ctx, void *buf, size_t len, uint64_t off)
+{
+	struct counted *c = ctx;
+
+	c->calls++;
+	return c->fail ? -c->fail : mem_read(&c->m, buf, len, off);
+}
+
+/* The buffered reader gives what its reader gives, in fewer reads. */
+static void test_buffered_reads(void)
+{
+	static unsigned char file[10000];
+	struct counted c = {{file, sizeof(file)}, 0, 0};
+	struct zseek_buffered b = {.rd = counted_read, .ctx = &c,
+				   .file_size = sizeof(file)};
+	/* off, len: in one block, the next, straddling, big, at and past the
+	 * end, the same block again */
+	static const uint64_t reads[][2] = {
+		{0, 4},	    {0, 8},	{6, 3},	   {4000, 200}, {4090, 20},
+		{100, 3000}, {9990, 20}, {10000, 4}, {12000, 4}, {5, 16}};
+	unsigned char got[4096];
+	ssize_t n;
+
+	make_content(file, sizeof(file), 3);
+	for (size_t i = 0; i < sizeof(reads) / sizeof(reads[0]); i++) {
+		uint64_t off = reads[i][0];
+		size_t len = (size_t)reads[i][1];
+		size_t want = off >= sizeof(file) ? 0
+			      : len < sizeof(file) - off ? len
+							 : sizeof(file) - off;
+
+		n = zseek_read_buffered(&b, got, len, off);
+		CHECK_EQ(n, (ssize_t)want);
+		CHECK(memcmp(got, file + (off < sizeof(file) ? off : 0),
+			     want) == 0);
+	}
+	/* {0,4} read block 0; {0,8}, {6,3} from it; {4000,200} block 0
+	 * again, fits; {4090,20} straddles: from 4090; {100,3000} straight;
+	 * {9990,20} block 8192; {10000,4} and {12000,4} past the end,
+	 * straight; {5,16} block 0 */
+	CHECK_EQ(c.calls, 7);
+	/* a failed read says so, and forgets the block it held */
+	c.fail = EIO;
+	CHECK_EQ(zseek_read_buffered(&b, got, 4, 2000), 4);
+	CHECK_EQ(zseek_read_buffered(&b, got, 4, 5000), -EIO);
+	CHECK_EQ(zseek_read_buffered(&b, got, 4, 2000), -EIO);
+}
+
 int main(void)
 {
 	RUN(test_round_trip);
@@ -581,5 +636,6 @@ int main(void)
 	RUN(test_not_zstd);
 	RUN(test_raw_frames);
 	RUN(test_pack);
+	RUN(test_buffered_reads);
 	return check_done();
 }
