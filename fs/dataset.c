@@ -323,7 +323,6 @@ static int entries_add(struct entries *v, const char *name, mode_t type,
 	v->e[v->n].type = type;
 	v->e[v->n].ino = ino;
 	v->e[v->n].decode = false;
-	v->e[v->n].st = NULL;
 	v->n++;
 	return 0;
 }
@@ -433,7 +432,6 @@ void dataset_list_free(struct dir_entry *e, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		free(e[i].name);
-		free(e[i].st);
 	}
 	free(e);
 }

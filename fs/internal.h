@@ -315,7 +315,6 @@ struct dir_entry {
 	mode_t type;
 	ino_t ino;
 	bool decode; /* a .zst served decoded, as name without ".zst" */
-	struct stat *st; /* its attributes, when the listing knows them */
 };
 int dataset_list(struct dataset *ds, struct znode *dir,
 		 struct dir_entry **out, size_t *n);

@@ -308,10 +308,7 @@ static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
 	fuse_reply_open(req, fi);
 }
 
-/*
- * readdirplus's attributes for entry name of dir: from the listing when
- * it has them (a manifest's: no lookup to count), else by a lookup.
- */
+/* readdirplus's attributes for an entry of a tree's directory: a lookup. */
 static void plus_entry(struct dataset *ds, fuse_ino_t dir,
 		       const struct dir_entry *d, struct fuse_entry_param *e)
 {
@@ -319,10 +316,6 @@ static void plus_entry(struct dataset *ds, fuse_ino_t dir,
 	struct stat st;
 	int err;
 
-	if (d->st) {
-		fill_manifest_entry(e, d->st);
-		return;
-	}
 	n = dataset_lookup(ds, znode_of(ds, dir), d->name, &st, &err);
 	if (n)
 		fill_entry(ds, n, e, &st);
