@@ -60,6 +60,7 @@ struct options {
 	unsigned int retries, timeout;
 	bool foreground;
 	bool debug;
+	bool nonempty; /* -o nonempty: the mountpoint may hold entries */
 };
 
 enum opt_type { OPT_SIZE, OPT_SIZE_MAX, OPT_UINT, OPT_BOOL, OPT_ENUM,

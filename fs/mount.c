@@ -69,6 +69,11 @@ static int opt_proc(void *data, const char *arg, int key,
 		}
 		return 1; /* the mountpoint: libfuse takes it */
 	case FUSE_OPT_KEY_OPT:
+		/* fuse2's, gone from libfuse 3: zfolio checks it itself */
+		if (strcmp(arg, "nonempty") == 0) {
+			pc->opt->nonempty = true;
+			return 0;
+		}
 		for (size_t i = 0; i < nr_opts; i++) {
 			size_t n = strlen(opt_table[i].name);
 
@@ -129,7 +134,7 @@ static bool find_mount(const char *path, char *type, char *source,
 	return found;
 }
 
-static int check_mountpoint(const char *mp)
+static int check_mountpoint(const char *mp, bool nonempty)
 {
 	char real[PATH_MAX], type[PATH_MAX], source[PATH_MAX];
 	struct dirent *d;
@@ -156,11 +161,12 @@ static int check_mountpoint(const char *mp)
 			progname, mp, type, source, mp);
 		return -1;
 	}
-	while ((d = readdir(dir)))
+	while (!nonempty && (d = readdir(dir)))
 		if (strcmp(d->d_name, ".") && strcmp(d->d_name, "..")) {
 			closedir(dir);
 			fprintf(stderr,
-				"%s: mountpoint %s is not an empty directory\n",
+				"%s: mountpoint %s is not an empty directory "
+				"(-o nonempty mounts over it)\n",
 				progname, mp);
 			return -1;
 		}
@@ -573,7 +579,7 @@ static int check_args(struct daemon *d)
 		free(o->dataset);
 		o->dataset = strdup(real);
 	}
-	if (!o->dataset || check_mountpoint(d->fopts.mountpoint))
+	if (!o->dataset || check_mountpoint(d->fopts.mountpoint, o->nonempty))
 		return -1;
 	if (access("/dev/fuse", R_OK | W_OK)) {
 		fprintf(stderr, "%s: cannot use /dev/fuse: %s (is the fuse "

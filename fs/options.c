@@ -391,6 +391,8 @@ void options_usage(FILE *out, const char *progname)
 		"  -f                 stay in the foreground\n"
 		"  -d                 debug: print every request (implies -f)\n"
 		"  -o allow_other     let other users read the mount\n"
+		"  -o nonempty        mount over a directory that is not "
+		"empty (hiding it)\n"
 		"  -o nosuid,nodev    set by default\n"
 		"  -V, --version      print the version and exit\n\n"
 		"Unmount with: fusermount3 -u MOUNTPOINT\n"

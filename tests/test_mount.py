@@ -175,6 +175,10 @@ def test_errors():
         open(d + "/full/x", "w").close()
         one_line_error(run_cli([d + "/missing", d + "/mnt"]), "missing dataset", "missing")
         one_line_error(run_cli([d + "/ds", d + "/full"]), "non-empty mountpoint", "not an empty directory")
+        # fuse2's -o nonempty: mounts over it, hiding what is there
+        with Mount(d + "/ds", d + "/full", "nonempty"):
+            check(os.listdir(d + "/full") == [], "-o nonempty: %r" % os.listdir(d + "/full"))
+        check(os.listdir(d + "/full") == ["x"], "after -o nonempty")
         one_line_error(run_cli([d + "/ds", d + "/nope"]), "missing mountpoint", "nope")
         one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "budget=lots"]), "bad budget", "budget")
         # a bad value says what the option takes
