@@ -171,8 +171,9 @@ int zmf_time(const struct zmf_line *l, enum zmf_field f, int64_t *sec,
 		return -EBADMSG;
 	part.f[f] = dot + 1;
 	part.len[f] = l->len[f] - (size_t)(dot - l->f[f]) - 1;
+	/* "-0.5" is not how a time before 1970 is written: "-1.500000000" */
 	if (zmf_number(&part, f, &ns) || ns >= 1000000000 ||
-	    s > (uint64_t)INT64_MAX + neg)
+	    s > (uint64_t)INT64_MAX + neg || (neg && !s))
 		return -EBADMSG;
 	*sec = neg ? (int64_t)(0 - s) : (int64_t)s;
 	*nsec = (long)ns;

@@ -219,10 +219,10 @@ static int resolve_backing(struct dataset *ds, struct znode *parent,
 	return *path ? 0 : -ENOMEM;
 }
 
-/* name in parent, with one more kernel lookup; NULL with *err. */
 /*
- * The node parent/name serves, with a lookup counted, and its attributes
- * in st (as znode_stat() gives them, from the lstat that found it).
+ * The node parent/name serves, with one more kernel lookup counted, and
+ * its attributes in st (as znode_stat() gives them, from the lstat that
+ * found it); NULL with *err.
  */
 struct znode *dataset_lookup(struct dataset *ds, struct znode *parent,
 			     const char *name, struct stat *st, int *err)

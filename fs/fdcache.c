@@ -87,6 +87,11 @@ static int reopen(struct fd_cache *c, struct zfile *f)
 		return fd;
 	if (fstat(fd, &st) || !same_backing(&st, &f->st)) {
 		close(fd);
+		if (f->ds->mf) /* a packed dataset's files: all or none */
+			manifest_say_repacked();
+		else
+			zlog_file(f->path, "replaced while mounted: it reads "
+					   "as ESTALE until opened again");
 		return -ESTALE;
 	}
 	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);

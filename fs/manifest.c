@@ -386,10 +386,15 @@ static bool dataset_unchanged(struct dataset *ds)
 	if (!backing_lstat(ds, ZMF_NAME, &st) &&
 	    same_backing(&st, &ds->mf->zf->st))
 		return true;
-	zlog_file(ZMF_NAME, "the dataset was packed again under the mount: "
-			    "remount it to see the new one (until then, data "
-			    "not read before reads as EIO)");
+	manifest_say_repacked();
 	return false;
+}
+
+void manifest_say_repacked(void)
+{
+	zlog_file(ZMF_NAME, "the dataset was packed again under the mount: "
+			    "remount it to see the new one (until then, what "
+			    "must be read from disk again fails)");
 }
 
 /*
@@ -416,10 +421,14 @@ static int data_file(struct dataset *ds, uint64_t id, struct zfile **out)
 	if (!d->f) {
 		snprintf(path, sizeof(path), ZMF_DATA_DIR "/%08llu.zst",
 			 (unsigned long long)id);
-		r = zfile_open_path(ds, path, &d->f, why, sizeof(why));
+		/* before (a data file being written is not indexed) and
+		 * after (it was not replaced meanwhile) */
+		r = dataset_unchanged(ds) ? zfile_open_path(ds, path, &d->f,
+							    why, sizeof(why))
+					  : -EIO;
 		if (r && ds->store)
 			zlog_file(path, "%s", why);
-		if ((!r || r == -ENOENT) && !dataset_unchanged(ds)) {
+		if (!dataset_unchanged(ds)) {
 			if (!r)
 				zfile_put(d->f);
 			d->f = NULL;

@@ -292,7 +292,8 @@ static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	h->in_manifest = ds->mf && (ino == FUSE_ROOT_ID || manifest_ino(ds, ino));
+	h->in_manifest =
+		ds->mf && (ino == FUSE_ROOT_ID || manifest_ino(ds, ino));
 	if (h->in_manifest)
 		err = manifest_opendir(ds, ino, &h->md);
 	else

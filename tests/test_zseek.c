@@ -592,11 +592,18 @@ static void test_buffered_reads(void)
 	struct counted c = {{file, sizeof(file)}, 0, 0};
 	struct zseek_buffered b = {.rd = counted_read, .ctx = &c,
 				   .file_size = sizeof(file)};
-	/* off, len: in one block, the next, straddling, big, at and past the
-	 * end, the same block again */
-	static const uint64_t reads[][2] = {
-		{0, 4},	    {0, 8},	{6, 3},	   {4000, 200}, {4090, 20},
-		{100, 3000}, {9990, 20}, {10000, 4}, {12000, 4}, {5, 16}};
+	/*
+	 * off, len, and the reader's calls so far: {0,4} reads block 0;
+	 * {0,8} and {6,3} come from it; {4000,200} straddles two blocks and
+	 * reads from 4000; {4090,20} comes from that; {100,3000} is big and
+	 * goes straight; {9990,20} reads block 8192 (10 bytes are left);
+	 * {10000,4} and {12000,4} are at and past the end and go straight;
+	 * {5,16} reads block 0 again.
+	 */
+	static const uint64_t reads[][3] = {
+		{0, 4, 1},	 {0, 8, 1},	{6, 3, 1},     {4000, 200, 2},
+		{4090, 20, 2},	 {100, 3000, 3}, {9990, 20, 4}, {10000, 4, 5},
+		{12000, 4, 6}, {5, 16, 7}};
 	unsigned char got[4096];
 	ssize_t n;
 
@@ -612,12 +619,8 @@ static void test_buffered_reads(void)
 		CHECK_EQ(n, (ssize_t)want);
 		CHECK(memcmp(got, file + (off < sizeof(file) ? off : 0),
 			     want) == 0);
+		CHECK_EQ(c.calls, (int)reads[i][2]);
 	}
-	/* {0,4} read block 0; {0,8}, {6,3} from it; {4000,200} block 0
-	 * again, fits; {4090,20} straddles: from 4090; {100,3000} straight;
-	 * {9990,20} block 8192; {10000,4} and {12000,4} past the end,
-	 * straight; {5,16} block 0 */
-	CHECK_EQ(c.calls, 7);
 	/* a failed read says so, and forgets the block it held */
 	c.fail = EIO;
 	CHECK_EQ(zseek_read_buffered(&b, got, 4, 2000), 4);

@@ -447,6 +447,10 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 		p->pk->dirs++;
 	} else if (S_ISLNK(st.st_mode)) {
 		len = readlinkat(dirfd, name, target, sizeof(target) - 1);
+		if (len < 0 && skip_unreadable(errno, spath, "not packed")) {
+			free(spath);
+			return false;
+		}
 		if (len < 0)
 			die("%s: %s", spath, strerror(errno));
 		target[len] = '\0';
@@ -483,7 +487,8 @@ static void walk(struct packed *p, int dirfd, const char *spath,
 							     O_NOFOLLOW |
 							     O_CLOEXEC);
 			sub_s = join(spath, names[i]);
-			if (fd < 0 && skip_unreadable(errno, sub_s, "packed empty")) {
+			if (fd < 0 &&
+			    skip_unreadable(errno, sub_s, "packed empty")) {
 				free(sub_s);
 				free(names[i]);
 				continue;

@@ -43,6 +43,18 @@ static struct outfile *outfile_open(struct packer *pk, const struct place *dst,
 	return of;
 }
 
+/* What an earlier pack (--force) made for a name now skipped: removed. */
+static void remove_earlier(const struct place *dst, const char *name)
+{
+	char *zname;
+
+	if (asprintf(&zname, "%s.zst", name) >= 0) {
+		unlinkat(dst->fd, zname, 0);
+		free(zname);
+	}
+	unlinkat(dst->fd, name, 0);
+}
+
 static void pack_file(struct packer *pk, const struct place *src,
 		      const struct place *dst, const struct entry *e)
 {
@@ -51,8 +63,10 @@ static void pack_file(struct packer *pk, const struct place *src,
 	int fd;
 
 	fd = openat(src->fd, e->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 && skip_unreadable(errno, e->spath, "not packed"))
+	if (fd < 0 && skip_unreadable(errno, e->spath, "not packed")) {
+		remove_earlier(dst, e->name);
 		return;
+	}
 	if (fd < 0)
 		die("%s: %s", e->spath, strerror(errno));
 	of = outfile_open(pk, dst, e);
@@ -96,12 +110,24 @@ static void pack_dir(struct packer *pk, const struct place *src,
 
 	s2.fd = openat(src->fd, e->name,
 		       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (s2.fd < 0 && skip_unreadable(errno, e->spath, "not packed"))
-		return;
-	if (s2.fd < 0)
-		die("%s: %s", e->spath, strerror(errno));
+	if (s2.fd < 0) {
+		int err = errno;
+
+		if (!skip_unreadable(err, e->spath, err == ENOENT
+							    ? "not packed"
+							    : "packed empty"))
+			die("%s: %s", e->spath, strerror(err));
+		if (err == ENOENT)
+			return;
+	}
 	if (mkdirat(dst->fd, e->name, 0700) && errno != EEXIST)
 		die("%s: %s", e->dpath, strerror(errno));
+	if (s2.fd < 0) { /* one it may not list: empty, as in the packed
+			  * layout */
+		remember_dir(pk, e->dpath, &e->st);
+		pk->dirs++;
+		return;
+	}
 	d2.fd = openat(dst->fd, e->name,
 		       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (d2.fd < 0)
@@ -131,6 +157,10 @@ static void pack_link(struct packer *pk, const struct place *src,
 	char target[PATH_MAX + 1];
 	ssize_t len = readlinkat(src->fd, e->name, target, sizeof(target) - 1);
 
+	if (len < 0 && skip_unreadable(errno, e->spath, "not packed")) {
+		remove_earlier(dst, e->name);
+		return;
+	}
 	if (len < 0)
 		die("%s: %s", e->spath, strerror(errno));
 	target[len] = '\0';
@@ -168,6 +198,7 @@ static void pack_entry(struct packer *pk, const struct place *src,
 	if (fstatat(src->fd, name, &e.st, AT_SYMLINK_NOFOLLOW)) {
 		if (!skip_unreadable(errno, e.spath, "not packed"))
 			die("%s: %s", e.spath, strerror(errno));
+		remove_earlier(dst, name);
 		free(e.spath);
 		free(e.dpath);
 		return;
