@@ -875,21 +875,20 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	atomic_fetch_add_explicit(&f->ds->fill_clock, 1, memory_order_relaxed);
 	if (f->idx.kind == ZSEEK_RAW)
 		return io->err[i];
-	if (slot_split(f, slot))
-		return said_if_corrupt(f, slot, read_split(f, slot, fo->data,
-							   fo->len, fo->group));
-	err = run_wait(f, io, io->run[i]);
-	if (err)
-		return err;
-	dctx = dctx_of();
-	if (!dctx)
-		return -ENOMEM;
-	fr = zseek_frame_at(&f->idx, slot_frame(f, slot));
-	return said_if_corrupt(f, slot,
-			       zseek_decode_frame(dctx, &fr,
-						  f->idx.has_checksum,
-						  io->buf + io->off[i],
-						  fo->data));
+	if (slot_split(f, slot)) {
+		err = read_split(f, slot, fo->data, fo->len, fo->group);
+	} else {
+		err = run_wait(f, io, io->run[i]);
+		if (err)
+			return err;
+		dctx = dctx_of();
+		if (!dctx)
+			return -ENOMEM;
+		fr = zseek_frame_at(&f->idx, slot_frame(f, slot));
+		err = zseek_decode_frame(dctx, &fr, f->idx.has_checksum,
+					 io->buf + io->off[i], fo->data);
+	}
+	return said_if_corrupt(f, slot, err);
 }
 
 /*
@@ -970,8 +969,7 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
 	}
 	if (slot_split(f, index))
-		return said_if_corrupt(f, index,
-				       read_split(f, index, buf, len, NULL));
+		return read_split(f, index, buf, len, NULL);
 	frame_v = zseek_frame_at(&f->idx, slot_frame(f, index));
 	dctx = dctx_of();
 	src = cache_buf_get(m->cache, fr->c_size);
@@ -983,10 +981,8 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 	if (n < 0 || (uint64_t)n != fr->c_size)
 		r = n < 0 ? (int)n : -EIO;
 	else
-		r = said_if_corrupt(f, index,
-				    zseek_decode_frame(dctx, fr,
-						       f->idx.has_checksum,
-						       src, buf));
+		r = zseek_decode_frame(dctx, fr, f->idx.has_checksum, src,
+				       buf);
 	cache_buf_put(m->cache, src, fr->c_size);
 	return r;
 }
@@ -1000,7 +996,7 @@ static int zfile_read_into(struct mapping *m, void *io_ctx,
 	(void)io_ctx; /* every thread decodes with its own context */
 	if (r)
 		return r;
-	r = read_one_folio(f, m, index, buf);
+	r = said_if_corrupt(f, index, read_one_folio(f, m, index, buf));
 	zfile_fd_put(f);
 	return r;
 }

@@ -202,15 +202,8 @@ void opt_value_range(const struct opt_desc *d, char *out, size_t len)
 			    (unsigned long long)d->max,
 			    strcmp(d->def, "auto") ? "" : ", or auto");
 		return;
-	case OPT_NAME:
-		text_printf(&t, "a name");
-		return;
-	case OPT_TEXT:
-		text_printf(&t, "text");
-		return;
-	case OPT_BOOL:
-	case OPT_ENUM:
-		text_printf(&t, "one of ");
+	default: /* names, text, choices: as the help shows them */
+		text_printf(&t, "%s", d->choices ? "one of " : "");
 		opt_value_hint(d, out + t.off, len - t.off);
 		return;
 	}

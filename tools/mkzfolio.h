@@ -123,9 +123,10 @@ unsigned int files_changed(void);
 /*
  * A file that cannot be read, and is skipped: err ENOENT (gone between its
  * listing and its reading: counted as changed) or EACCES/EPERM (counted as
- * unreadable).  Said, with what was done instead (done); true.  Else false.
+ * unreadable), said with what was done instead (done).  Any other error
+ * dies.
  */
-bool skip_unreadable(int err, const char *path, const char *done);
+void skip_unreadable(int err, const char *path, const char *done);
 /* how many files skip_unreadable() skipped for EACCES/EPERM */
 unsigned int files_unreadable(void);
 /* Counts an entry with extended attributes; say_xattrs() says how many. */

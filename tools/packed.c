@@ -365,12 +365,11 @@ static struct place_in_data file_data(struct packed *p, int dirfd,
 	}
 	if (st->st_size) {
 		fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0 && skip_unreadable(errno, spath, "not packed")) {
+		if (fd < 0) {
+			skip_unreadable(errno, spath, "not packed");
 			*gone = true;
 			return d;
 		}
-		if (fd < 0)
-			die("%s: %s", spath, strerror(errno));
 		if ((uint64_t)st->st_size <= p->pk->small)
 			d = pack_append(p, fd, (size_t)st->st_size, spath);
 		else
@@ -425,8 +424,7 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 	ssize_t len;
 
 	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW)) {
-		if (!skip_unreadable(errno, spath, "not packed"))
-			die("%s: %s", spath, strerror(errno));
+		skip_unreadable(errno, spath, "not packed");
 		free(spath);
 		return false;
 	}
@@ -447,12 +445,11 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 		p->pk->dirs++;
 	} else if (S_ISLNK(st.st_mode)) {
 		len = readlinkat(dirfd, name, target, sizeof(target) - 1);
-		if (len < 0 && skip_unreadable(errno, spath, "not packed")) {
+		if (len < 0) {
+			skip_unreadable(errno, spath, "not packed");
 			free(spath);
 			return false;
 		}
-		if (len < 0)
-			die("%s: %s", spath, strerror(errno));
 		target[len] = '\0';
 		size = (uint64_t)len;
 		p->pk->links++;
@@ -487,14 +484,12 @@ static void walk(struct packed *p, int dirfd, const char *spath,
 							     O_NOFOLLOW |
 							     O_CLOEXEC);
 			sub_s = join(spath, names[i]);
-			if (fd < 0 &&
-			    skip_unreadable(errno, sub_s, "packed empty")) {
+			if (fd < 0) {
+				skip_unreadable(errno, sub_s, "packed empty");
 				free(sub_s);
 				free(names[i]);
 				continue;
 			}
-			if (fd < 0)
-				die("%s: %s", sub_s, strerror(errno));
 			sub_m = *mpath ? join(mpath, names[i])
 				       : strdup(names[i]);
 			if (!sub_m)

@@ -202,19 +202,17 @@ unsigned int files_changed(void)
 
 static unsigned int unreadable_files;
 
-bool skip_unreadable(int err, const char *path, const char *done)
+void skip_unreadable(int err, const char *path, const char *done)
 {
 	if (err == ENOENT) {
 		changed_files++;
 		warn("%s: removed while being packed; %s", path, done);
-		return true;
-	}
-	if (err == EACCES || err == EPERM) {
+	} else if (err == EACCES || err == EPERM) {
 		unreadable_files++;
 		warn("%s: %s; %s", path, strerror(err), done);
-		return true;
+	} else {
+		die("%s: %s", path, strerror(err));
 	}
-	return false;
 }
 
 unsigned int files_unreadable(void)

@@ -63,12 +63,11 @@ static void pack_file(struct packer *pk, const struct place *src,
 	int fd;
 
 	fd = openat(src->fd, e->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 && skip_unreadable(errno, e->spath, "not packed")) {
+	if (fd < 0) {
+		skip_unreadable(errno, e->spath, "not packed");
 		remove_earlier(dst, e->name);
 		return;
 	}
-	if (fd < 0)
-		die("%s: %s", e->spath, strerror(errno));
 	of = outfile_open(pk, dst, e);
 	while (left) {
 		size_t len = left < pk->frame ? (size_t)left : pk->frame;
@@ -113,10 +112,8 @@ static void pack_dir(struct packer *pk, const struct place *src,
 	if (s2.fd < 0) {
 		int err = errno;
 
-		if (!skip_unreadable(err, e->spath, err == ENOENT
-							    ? "not packed"
-							    : "packed empty"))
-			die("%s: %s", e->spath, strerror(err));
+		skip_unreadable(err, e->spath,
+				err == ENOENT ? "not packed" : "packed empty");
 		if (err == ENOENT)
 			return;
 	}
@@ -157,12 +154,11 @@ static void pack_link(struct packer *pk, const struct place *src,
 	char target[PATH_MAX + 1];
 	ssize_t len = readlinkat(src->fd, e->name, target, sizeof(target) - 1);
 
-	if (len < 0 && skip_unreadable(errno, e->spath, "not packed")) {
+	if (len < 0) {
+		skip_unreadable(errno, e->spath, "not packed");
 		remove_earlier(dst, e->name);
 		return;
 	}
-	if (len < 0)
-		die("%s: %s", e->spath, strerror(errno));
 	target[len] = '\0';
 	unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
 	if (symlinkat(target, dst->fd, e->name))
@@ -196,8 +192,7 @@ static void pack_entry(struct packer *pk, const struct place *src,
 	e.spath = join(src->path, name);
 	e.dpath = join(dst->path, name);
 	if (fstatat(src->fd, name, &e.st, AT_SYMLINK_NOFOLLOW)) {
-		if (!skip_unreadable(errno, e.spath, "not packed"))
-			die("%s: %s", e.spath, strerror(errno));
+		skip_unreadable(errno, e.spath, "not packed");
 		remove_earlier(dst, name);
 		free(e.spath);
 		free(e.dpath);
