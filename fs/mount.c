@@ -140,7 +140,8 @@ static int check_mountpoint(const char *mp, bool nonempty)
 	struct dirent *d;
 	DIR *dir = opendir(mp);
 
-	if (!dir && errno == ENOTCONN) { /* its daemon is gone */
+	/* its daemon is gone: over io_uring the kernel says ECONNABORTED */
+	if (!dir && (errno == ENOTCONN || errno == ECONNABORTED)) {
 		fprintf(stderr,
 			"%s: mountpoint %s: a mount whose daemon has exited "
 			"is still there; unmount it first: fusermount3 -u %s\n",
