@@ -200,7 +200,7 @@ static int check_mountpoint(const char *mp, bool nonempty)
 struct loop_worker {
 	pthread_t thread;
 	struct loop *lp;
-	atomic_bool receiving; /* waiting for a request (or about to) */
+	atomic_bool receiving; /* in a wait without end (or about to) */
 	atomic_bool alive;
 	bool uring;      /* serves an io_uring entry, not /dev/fuse */
 	unsigned int qid; /* the entry's queue */
@@ -308,7 +308,9 @@ static void worker_serve(struct loop_worker *me, struct fuse_buf *buf,
 			break;
 		if (!stopping && fuse_session_exited(lp->se))
 			break; /* the kernel ended it, or startup failed */
-		atomic_store(&me->receiving, true);
+		/* a wait without end needs the wake signal; the short one of
+		 * a stop must not get it, or it would never see the quiet */
+		atomic_store(&me->receiving, !stopping);
 		cache_thread_offline();
 		r = receive(me, buf, e, stopping);
 		cache_thread_online();
