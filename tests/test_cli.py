@@ -65,6 +65,16 @@ def test_version():
           "zfolioctl --help: " + h.stdout)
     h = run([MKZFOLIO, "--help"])
     check(h.returncode == 0 and "--version" in h.stdout, "mkzfolio --help: " + h.stdout)
+    # a wrong command or argument count is named, in one line, not the
+    # whole help; no command at all gets the help
+    for args, want in ((["bogus", "x"], "zfolioctl: no command 'bogus' (try -h)"),
+                       (["stat"], "usage: zfolioctl stat MNT [--json] [--interval S]"),
+                       (["set", "m", "max"], "usage: zfolioctl set MNT KEY VALUE")):
+        r = ctl(*args)
+        check(r.returncode == 2 and r.stderr == want + "\n", "zfolioctl %s: %d %r" %
+              (" ".join(args), r.returncode, r.stderr))
+    r = ctl()
+    check(r.returncode == 2 and "inspect FILE.zst" in r.stderr, "zfolioctl alone: " + r.stderr)
 
 
 def test_not_mount():

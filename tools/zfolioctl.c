@@ -760,35 +760,35 @@ struct command {
 	int nargs;  /* the words after the command */
 	bool mount; /* the first of them is a mount point */
 	int (*run)(char **args);
+	const char *args, *what; /* for the usage */
 };
 
 static const struct command commands[] = {
-	{"stat", 1, true, cmd_stat},
-	{"set", 3, true, cmd_set},
-	{"reclaim", 2, true, cmd_reclaim},
-	{"groups", 1, true, cmd_groups},
-	{"inspect", 1, false, cmd_inspect},
+	{"stat", 1, true, cmd_stat, "MNT [--json] [--interval S]",
+	 "what the cache is doing (rates over S s)"},
+	{"set", 3, true, cmd_set, "MNT KEY VALUE",
+	 "KEY: max or high; VALUE: a size or max"},
+	{"reclaim", 2, true, cmd_reclaim, "MNT SIZE", "reclaim SIZE now"},
+	{"groups", 1, true, cmd_groups, "MNT", "the budget groups, the root first"},
+	{"inspect", 1, false, cmd_inspect, "FILE.zst [--json]",
+	 "a .zst file's frames (no mount needed)"},
 };
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
 static void usage(FILE *out)
 {
+	fprintf(out, "usage: %s COMMAND ARGS [options]\n\n", progname);
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		fprintf(out, "  %s %-*s %s\n", commands[i].name,
+			(int)(32 - strlen(commands[i].name)), commands[i].args,
+			commands[i].what);
 	fprintf(out,
-		"usage: %s COMMAND ARGS [options]\n\n"
-		"  stat MNT [--json] [--interval S]  what the cache is doing "
-		"(rates over S s)\n"
-		"  set MNT KEY VALUE                 KEY: max or high; VALUE: "
-		"a size or max\n"
-		"  reclaim MNT SIZE                  reclaim SIZE now\n"
-		"  groups MNT                        the budget groups, the "
-		"root first\n"
-		"  inspect FILE.zst [--json]         a .zst file's frames (no "
-		"mount needed)\n\n"
+		"\n"
 		"  --group G      a child group (as listed by groups)\n"
 		"  --ctl NAME     the control directory's name (default "
 		".zfolio)\n"
 		"  -V, --version  print the version and exit\n"
-		"  -h, --help     this help\n",
-		progname);
+		"  -h, --help     this help\n");
 }
 
 static double parse_interval(const char *s)
@@ -844,13 +844,21 @@ static void parse_options(int argc, char **argv)
 	}
 }
 
+/* The command named, taking nargs words; else say why, and exit 2. */
 static const struct command *find_command(const char *name, int nargs)
 {
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		if (strcmp(commands[i].name, name) == 0 &&
-		    commands[i].nargs == nargs)
-			return &commands[i];
-	return NULL;
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		const struct command *c = &commands[i];
+
+		if (strcmp(c->name, name))
+			continue;
+		if (c->nargs == nargs)
+			return c;
+		fprintf(stderr, "usage: %s %s %s\n", progname, name, c->args);
+		exit(2);
+	}
+	fprintf(stderr, "%s: no command '%s' (try -h)\n", progname, name);
+	exit(2);
 }
 
 int main(int argc, char **argv)
@@ -858,12 +866,11 @@ int main(int argc, char **argv)
 	const struct command *cmd;
 
 	parse_options(argc, argv);
-	cmd = argc > optind ? find_command(argv[optind], argc - optind - 1)
-			    : NULL;
-	if (!cmd) {
+	if (argc <= optind) {
 		usage(stderr);
 		return 2;
 	}
+	cmd = find_command(argv[optind], argc - optind - 1);
 	if (cmd->mount)
 		require_mount(argv[optind + 1]);
 	return cmd->run(&argv[optind + 1]);
