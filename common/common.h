@@ -9,7 +9,8 @@
  *  - bounded text building, and JSON strings and values on top of it;
  *  - the vocabulary of the control directory: the statistics, declared once
  *    in ZF_STAT_LIST, from which accounting/ builds its counters, memory.stat
- *    its lines, zfolioctl its descriptions and the man page its table.
+ *    its lines, zfolioctl its descriptions and the man page its table; and
+ *    the ioctl that writes a control file where write(2) cannot.
  */
 #ifndef ZF_COMMON_H
 #define ZF_COMMON_H
@@ -17,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/ioctl.h>
 #include <time.h>
 
 #define ZF_PAGE_SHIFT 12
@@ -177,5 +179,17 @@ struct stat_desc {
 extern const struct stat_desc stat_descs[NR_STATS];
 /* The item called name, or NULL. */
 const struct stat_desc *stat_desc_find(const char *name);
+
+/*
+ * A control file written by an ioctl on its directory (a group's, or the
+ * control directory itself), opened read-only: on a mount made read-only
+ * (ro, the kernel refuses write opens) as on any other.  The value is what
+ * write(2) would take; the reply is the error write(2) would give.
+ */
+struct zf_ctl_write {
+	char name[64];  /* "memory.max", NUL-terminated */
+	char value[64]; /* "64M", NUL-terminated */
+};
+#define ZF_IOC_CTL_WRITE _IOW('z', 1, struct zf_ctl_write)
 
 #endif

@@ -676,6 +676,41 @@ static void zf_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
 		fuse_reply_write(req, size);
 }
 
+/* ZF_IOC_CTL_WRITE on a control directory: the write of one of its files. */
+static void zf_ioctl(fuse_req_t req, fuse_ino_t ino, int cmd, void *arg,
+		     struct fuse_file_info *fi, unsigned int flags,
+		     const void *in, size_t in_size, size_t out_size)
+{
+	struct dataset *ds = ds_of(req);
+	struct znode *dir = manifest_ino(ds, ino) ? NULL : znode_of(ds, ino);
+	struct zf_ctl_write w;
+	struct znode *n;
+	int err;
+
+	(void)arg, (void)fi, (void)out_size;
+	if ((unsigned int)cmd != ZF_IOC_CTL_WRITE || !dir ||
+	    dir->kind != ZN_CTL_DIR || !(flags & FUSE_IOCTL_DIR) ||
+	    in_size != sizeof(w)) {
+		fuse_reply_err(req, ENOTTY);
+		return;
+	}
+	if (!may_write_ctl(req, ds)) {
+		fuse_reply_err(req, EACCES);
+		return;
+	}
+	memcpy(&w, in, sizeof(w));
+	w.name[sizeof(w.name) - 1] = w.value[sizeof(w.value) - 1] = '\0';
+	err = ctl_lookup(ds, dir, w.name, &n);
+	if (!err && n->kind != ZN_CTL_FILE)
+		err = -EISDIR;
+	if (!err)
+		err = ctl_write(ds, n, w.value, strlen(w.value));
+	if (err)
+		fuse_reply_err(req, -err);
+	else
+		fuse_reply_ioctl(req, 0, NULL, 0);
+}
+
 static void zf_release(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
@@ -818,6 +853,9 @@ static void zf_init(void *userdata, struct fuse_conn_info *conn)
 	if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
 		conn->want |= FUSE_CAP_CACHE_SYMLINKS;
 	conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+	/* zfolioctl writes control files by an ioctl on their directory */
+	if (conn->capable & FUSE_CAP_IOCTL_DIR)
+		conn->want |= FUSE_CAP_IOCTL_DIR;
 }
 
 const struct fuse_lowlevel_ops zfolio_ops = {
@@ -838,6 +876,7 @@ const struct fuse_lowlevel_ops zfolio_ops = {
 	.open = zf_open,
 	.read = zf_read,
 	.write = zf_write,
+	.ioctl = zf_ioctl,
 	.flush = zf_flush,
 	.release = zf_release,
 	.opendir = zf_opendir,

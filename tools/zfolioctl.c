@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -164,28 +165,61 @@ static void explain_write_error(const char *mnt, const char *path,
 	die("%s: %s", path, strerror(err));
 }
 
-/* One write(2), as cgroup files want: the value is parsed whole. */
-static void put(const char *mnt, const char *file, const char *value)
+/*
+ * The value into a control file by ZF_IOC_CTL_WRITE on its directory, which
+ * works on a mount made read-only as on any other: 0 or the errno, ENOTTY
+ * from a daemon that does not take the ioctl.
+ */
+static int put_ioctl(const char *mnt, const char *file, const char *value)
 {
-	char *path = ctl_path(mnt, file);
+	struct zf_ctl_write w;
+	char *dir = ctl_path(mnt, NULL);
+	int fd, err = 0;
+
+	if (strlen(file) >= sizeof(w.name) || strlen(value) >= sizeof(w.value))
+		return EINVAL;
+	memset(&w, 0, sizeof(w));
+	strcpy(w.name, file);
+	strcpy(w.value, value);
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || ioctl(fd, ZF_IOC_CTL_WRITE, &w))
+		err = errno;
+	if (fd >= 0)
+		close(fd);
+	free(dir);
+	return err;
+}
+
+/* One write(2), as cgroup files want: the value is parsed whole. */
+static int put_write(const char *path, const char *value)
+{
 	size_t len = strlen(value);
 	int fd, err = 0;
 	ssize_t n;
 
-	if (!len)
-		die("%s: an empty value", path);
 	fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0) {
+	if (fd < 0)
+		return errno;
+	n = write(fd, value, len);
+	if (n < 0)
 		err = errno;
-	} else {
-		n = write(fd, value, len);
-		if (n < 0)
-			err = errno;
-		else if ((size_t)n != len)
-			err = EIO;
-		if (close(fd) && !err)
-			err = errno;
-	}
+	else if ((size_t)n != len)
+		err = EIO;
+	if (close(fd) && !err)
+		err = errno;
+	return err;
+}
+
+static void put(const char *mnt, const char *file, const char *value)
+{
+	char *path = ctl_path(mnt, file);
+	int err;
+
+	if (!*value)
+		die("%s: an empty value", path);
+	err = put_ioctl(mnt, file, value);
+	if (err == ENOTTY)
+		err = put_write(path, value);
 	if (err)
 		explain_write_error(mnt, path, value, err);
 	free(path);
