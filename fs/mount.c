@@ -742,6 +742,66 @@ static void tier_invalidate(uint64_t id, uint64_t off, uint64_t len,
 	fuse_lowlevel_notify_inval_inode(se, id, (off_t)off, (off_t)len);
 }
 
+/*
+ * Into the background unless -f, as fuse_daemonize() does (fork, setsid,
+ * chdir "/"), but the command waits until the daemon serves, or fails to,
+ * and exits with that: a mount that fails after the fork (its threads, a
+ * refused transport=uring) fails the command, and what the daemon says
+ * while it starts reaches the terminal.  The end of a pipe to report on
+ * with started(), -1 in the foreground; a daemon that exits without
+ * reporting closes it, and the command exits 1.
+ */
+static int detach(bool foreground)
+{
+	char status = 1;
+	int p[2];
+
+	if (foreground || pipe2(p, O_CLOEXEC)) {
+		if (!foreground)
+			fuse_daemonize(false);
+		(void)!chdir("/");
+		return -1;
+	}
+	switch (fork()) {
+	case -1:
+		close(p[0]);
+		close(p[1]);
+		fuse_daemonize(false);
+		return -1;
+	case 0:
+		break;
+	default:
+		close(p[1]);
+		if (read(p[0], &status, 1) != 1)
+			status = 1;
+		_exit(status);
+	}
+	close(p[0]);
+	setsid();
+	(void)!chdir("/");
+	return p[1];
+}
+
+/* Serving: the standard streams go to /dev/null, the command exits 0. */
+static void started(int report)
+{
+	char status = 0;
+	int null;
+
+	if (report < 0)
+		return;
+	null = open("/dev/null", O_RDWR);
+	if (null >= 0) {
+		dup2(null, STDIN_FILENO);
+		dup2(null, STDOUT_FILENO);
+		dup2(null, STDERR_FILENO);
+		if (null > STDERR_FILENO)
+			close(null);
+	}
+	(void)!write(report, &status, 1);
+	close(report);
+}
+
 /* Detach (unless -f), start the threads and serve until unmounted. */
 static int serve(struct daemon *d)
 {
@@ -749,9 +809,8 @@ static int serve(struct daemon *d)
 			  .backing_uring = d->opt.backing_io == BACKING_URING};
 	unsigned int nq = furing_queues(), per_queue = d->opt.threads;
 	bool uring = d->opt.transport != TRANSPORT_DEV;
-	int ret = 0;
+	int ret = 0, report = detach(d->opt.foreground);
 
-	fuse_daemonize(d->opt.foreground);
 	/* threads only after the fork: the daemon's copy has none of them */
 	if (inodes_init(&d->ds) || cache_start(&d->ds.cache) ||
 	    (d->opt.cache == CACHE_KERNEL &&
@@ -766,6 +825,8 @@ static int serve(struct daemon *d)
 	if (uring && uring_start(d, &lp, nq, per_queue)) {
 		stop_signal = SIGTERM;
 		ret = -1;
+	} else {
+		started(report);
 	}
 	loop_wait(&lp);
 	ktier_disable(&d->ds.cache);

@@ -328,6 +328,27 @@ def test_transport():
                   "transport=uring: the kernel refused" in lines[0],
                   "transport=uring refused: %d %r" % (r.returncode, r.stderr))
             check(not is_mounted(mnt), "left mounted after a refused transport")
+            # in the background the command waits for the daemon's start:
+            # a refusal after the fork fails it, with the reason, and a
+            # mount it returns from is served over io_uring already
+            r = subprocess.run([ZFOLIO, dst, mnt, "-o", "transport=uring"],
+                               capture_output=True, text=True, timeout=30,
+                               env=dict(os.environ, **refuse))
+            check(r.returncode == 1 and "transport=uring: the kernel refused" in r.stderr,
+                  "background transport=uring refused: %d %r" % (r.returncode, r.stderr))
+            check(not is_mounted(mnt), "left mounted after a refused transport (background)")
+            for opts in ("transport=uring", "transport=auto"):
+                r = subprocess.run([ZFOLIO, dst, mnt, "-o", opts], capture_output=True,
+                                   text=True, timeout=30)
+                try:
+                    check(r.returncode == 0 and not r.stderr,
+                          "background %s: %d %r" % (opts, r.returncode, r.stderr))
+                    with open(mnt + "/.zfolio/transport") as f:
+                        first = f.readline().split()
+                    check(first == ["transport", "uring"],
+                          "background %s, just mounted: %s" % (opts, first))
+                finally:
+                    subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
             # off in the kernel: uring refused before mounting, auto is dev
             set_uring("0")
             one_line_error(run_cli([dst, mnt, "-o", "transport=uring"]),
