@@ -83,12 +83,17 @@ static int reopen(struct fd_cache *c, struct zfile *f)
 	while (c->open >= c->max && close_idle(c))
 		;
 	fd = dataset_open_backing(f->ds, f->path, O_RDONLY);
+	if (fd == -ENOENT && f->ds->mf)
+		manifest_say_changed(f->ds);
+	else if (fd == -ENOENT)
+		zlog_file(f->path, "removed while mounted: what must be "
+				   "read from disk again fails");
 	if (fd < 0)
 		return fd;
 	if (fstat(fd, &st) || !same_backing(&st, &f->st)) {
 		close(fd);
 		if (f->ds->mf) /* a packed dataset's files: all or none */
-			manifest_say_repacked();
+			manifest_say_changed(f->ds);
 		else
 			zlog_file(f->path, "replaced while mounted: it reads "
 					   "as ESTALE until opened again");

@@ -395,7 +395,7 @@ typedef int (*mf_dirent_fn)(void *arg, const struct mf_entry *e, uint64_t k);
 int manifest_readdir(struct dataset *ds, const struct mf_dir *d, uint64_t k,
 		     mf_dirent_fn fn, void *arg);
 /* Logs (once) that the dataset on disk is no longer the one mounted. */
-void manifest_say_repacked(void);
+void manifest_say_changed(struct dataset *ds);
 int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
 		       uint64_t *base, uint64_t *size);
 void manifest_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries);

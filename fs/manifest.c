@@ -386,15 +386,23 @@ static bool dataset_unchanged(struct dataset *ds)
 	if (!backing_lstat(ds, ZMF_NAME, &st) &&
 	    same_backing(&st, &ds->mf->zf->st))
 		return true;
-	manifest_say_repacked();
+	manifest_say_changed(ds);
 	return false;
 }
 
-void manifest_say_repacked(void)
+void manifest_say_changed(struct dataset *ds)
 {
-	zlog_file(ZMF_NAME, "the dataset was packed again under the mount: "
-			    "remount it to see the new one (until then, what "
-			    "must be read from disk again fails)");
+	struct stat st;
+
+	if (backing_lstat(ds, ZMF_NAME, &st) == -ENOENT)
+		zlog_file(ZMF_NAME, "the dataset was removed under the mount: "
+				    "what must be read from disk again fails; "
+				    "unmount it");
+	else
+		zlog_file(ZMF_NAME, "the dataset was packed again under the "
+				    "mount: remount it to see the new one "
+				    "(until then, what must be read from disk "
+				    "again fails)");
 }
 
 /*

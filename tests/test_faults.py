@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import stat
 import struct
@@ -264,7 +265,8 @@ def test_repacked():
     """mkzfolio --force over a mounted dataset: what the mount read before
     still reads; what it did not read is EIO (its old places in the new
     data files hold other files' bytes), never those bytes; the log says
-    to remount, and the remount serves the new dataset."""
+    to remount, and the remount serves the new dataset.  A dataset removed
+    under its mount: EIO, and the log says it was removed."""
     require_root_fuse()
     with tmpdir() as d:
         rnd = random.Random(7)
@@ -300,6 +302,21 @@ def test_repacked():
             for n in ("f00", "f09", "b0", "b3"):
                 with open(d + "/mnt/" + n, "rb") as f:
                     check(f.read() == new[n], n + " after the remount")
+        # the dataset removed under the mount: EIO, and the log says so
+        # (not that it was packed again)
+        shutil.copytree(d + "/dst", d + "/dst3")
+        with Mount(d + "/dst3", d + "/mnt") as m:
+            with open(d + "/mnt/f00", "rb") as f:
+                check(f.read() == new["f00"], "f00 before the removal")
+            shutil.rmtree(d + "/dst3")
+            try:
+                with open(d + "/mnt/b1", "rb") as f:
+                    f.read()
+                fail("b1 read after the dataset was removed")
+            except OSError as e:
+                check(e.errno == errno.EIO, "b1 after the removal: %s" % e)
+            check("the dataset was removed under the mount" in m.output() and
+                  "packed again" not in m.output(), "the message: %r" % m.output())
 
 
 def test_changed():
