@@ -186,9 +186,11 @@ const struct stat_desc *stat_desc_find(const char *name);
  * (ro, the kernel refuses write opens) as on any other.  The value is what
  * write(2) would take; the reply is the error write(2) would give.
  */
+#define ZF_CTL_NAME_MAX 64  /* a control file's name, NUL included */
+#define ZF_CTL_VALUE_MAX 64 /* a value written to it, NUL included */
 struct zf_ctl_write {
-	char name[64];  /* "memory.max", NUL-terminated */
-	char value[64]; /* "64M", NUL-terminated */
+	char name[ZF_CTL_NAME_MAX];   /* "memory.max" */
+	char value[ZF_CTL_VALUE_MAX]; /* "64M" */
 };
 #define ZF_IOC_CTL_WRITE _IOW('z', 1, struct zf_ctl_write)
 

@@ -255,3 +255,16 @@ int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
 	tmp[len] = '\0';
 	return cf->write(n->group, tmp);
 }
+
+int ctl_write_named(struct dataset *ds, struct znode *dir, const char *name,
+		    const char *value)
+{
+	struct znode *n;
+	int err = ctl_lookup(ds, dir, name, &n);
+
+	if (err)
+		return err;
+	if (n->kind != ZN_CTL_FILE)
+		return -EISDIR;
+	return ctl_write(ds, n, value, strlen(value));
+}

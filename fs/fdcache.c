@@ -84,7 +84,7 @@ static int reopen(struct fd_cache *c, struct zfile *f)
 		;
 	fd = dataset_open_backing(f->ds, f->path, O_RDONLY);
 	if (fd == -ENOENT && f->ds->mf)
-		manifest_say_changed(f->ds);
+		manifest_say_changed(f->ds, f->path);
 	else if (fd == -ENOENT)
 		zlog_file(f->path, "removed while mounted: what must be "
 				   "read from disk again fails");
@@ -93,7 +93,7 @@ static int reopen(struct fd_cache *c, struct zfile *f)
 	if (fstat(fd, &st) || !same_backing(&st, &f->st)) {
 		close(fd);
 		if (f->ds->mf) /* a packed dataset's files: all or none */
-			manifest_say_changed(f->ds);
+			manifest_say_changed(f->ds, f->path);
 		else
 			zlog_file(f->path, "replaced while mounted: it reads "
 					   "as ESTALE until opened again");

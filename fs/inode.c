@@ -64,8 +64,8 @@ static bool nlookup_get(struct znode *n)
 
 /*
  * The table's resize worker is a thread: made after the daemon forks into
- * the background (fuse_daemonize), or the daemon's copy would wait for a
- * worker it does not have.
+ * the background (detach() in mount.c), or the daemon's copy would wait
+ * for a worker it does not have.
  */
 int inodes_init(struct dataset *ds)
 {

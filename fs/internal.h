@@ -395,7 +395,7 @@ typedef int (*mf_dirent_fn)(void *arg, const struct mf_entry *e, uint64_t k);
 int manifest_readdir(struct dataset *ds, const struct mf_dir *d, uint64_t k,
 		     mf_dirent_fn fn, void *arg);
 /* Logs (once) that the dataset on disk is no longer the one mounted. */
-void manifest_say_changed(struct dataset *ds);
+void manifest_say_changed(struct dataset *ds, const char *path);
 int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
 		       uint64_t *base, uint64_t *size);
 void manifest_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries);
@@ -487,6 +487,9 @@ void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st);
 int ctl_read(struct dataset *ds, struct znode *n, char **buf, size_t *len);
 int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
 	      size_t len);
+/* Control directory dir's file name written with value (ZF_IOC_CTL_WRITE). */
+int ctl_write_named(struct dataset *ds, struct znode *dir, const char *name,
+		    const char *value);
 
 /* log.c: why a file reads as EIO, once per file and reason */
 enum zlog_to { ZLOG_STDERR, ZLOG_SYSLOG, ZLOG_NONE };

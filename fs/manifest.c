@@ -386,23 +386,43 @@ static bool dataset_unchanged(struct dataset *ds)
 	if (!backing_lstat(ds, ZMF_NAME, &st) &&
 	    same_backing(&st, &ds->mf->zf->st))
 		return true;
-	manifest_say_changed(ds);
+	manifest_say_changed(ds, ZMF_NAME);
 	return false;
 }
 
-void manifest_say_changed(struct dataset *ds)
+/*
+ * Why a data file (path) of a packed dataset is not the manifest's, said
+ * once: the dataset directory removed; manifest.zst gone (mkzfolio removes
+ * it first when it packs again) or replaced; or, manifest.zst as the mount
+ * read it, the data file itself gone or replaced.
+ */
+void manifest_say_changed(struct dataset *ds, const char *path)
 {
 	struct stat st;
+	int r;
 
-	if (backing_lstat(ds, ZMF_NAME, &st) == -ENOENT)
+	if (!fstat(ds->rootfd, &st) && st.st_nlink == 0) {
 		zlog_file(ZMF_NAME, "the dataset was removed under the mount: "
 				    "what must be read from disk again fails; "
 				    "unmount it");
-	else
+		return;
+	}
+	r = backing_lstat(ds, ZMF_NAME, &st);
+	if (r == -ENOENT)
+		zlog_file(ZMF_NAME, "gone while mounted (the dataset is being "
+				    "packed again, or was damaged): what must "
+				    "be read from disk again fails; remount it "
+				    "once it is whole");
+	else if (r || !same_backing(&st, &ds->mf->zf->st))
 		zlog_file(ZMF_NAME, "the dataset was packed again under the "
 				    "mount: remount it to see the new one "
 				    "(until then, what must be read from disk "
 				    "again fails)");
+	else
+		zlog_file(path, "gone or replaced while mounted, but not "
+				"manifest.zst: the dataset is damaged, and "
+				"what the mount must read from this file "
+				"fails");
 }
 
 /*

@@ -183,11 +183,14 @@ static int check_mountpoint(const char *mp, bool nonempty)
  * queued be served: /dev/fuse turns non-blocking, and each worker serves
  * until a read finds the queue empty (or LOOP_DRAIN_MS have passed, so
  * that readers who keep asking cannot hold the stop up), then leaves.  A
- * worker waiting in receive is woken by LOOP_WAKE_SIGNAL, whose handler
- * does nothing but make the read return EINTR; it is sent again until
- * every worker has left, since it may land just before a worker starts to
- * wait.  Only then is the mount detached and /dev/fuse closed, which makes
- * the kernel fail, at once, whatever is asked later of a file left open.
+ * worker waiting in receive without end is woken by LOOP_WAKE_SIGNAL, whose
+ * handler does nothing but make the read return EINTR; it is sent again
+ * until every worker has left, since it may land just before a worker
+ * starts to wait.  A stopping worker's own wait for a quiet queue
+ * (LOOP_QUIET_MS) is not signalled: cut every LOOP_WAKE_MS, it would never
+ * see the quiet, and every stop would last LOOP_DRAIN_MS.  Only then is
+ * the mount detached and /dev/fuse closed, which makes the kernel fail, at
+ * once, whatever is asked later of a file left open.
  */
 #define LOOP_WAKE_SIGNAL SIGUSR1
 /* how often waiting workers are woken while the loop stops, in ms */
@@ -202,6 +205,7 @@ struct loop_worker {
 	struct loop *lp;
 	atomic_bool receiving; /* in a wait without end (or about to) */
 	atomic_bool alive;
+	atomic_bool busy; /* serving a request */
 	bool uring;      /* serves an io_uring entry, not /dev/fuse */
 	unsigned int qid; /* the entry's queue */
 	int reg_err;     /* its registration's result, once registered posts */
@@ -212,6 +216,7 @@ struct loop {
 	bool backing_uring;
 	atomic_bool stopping;
 	struct timespec drain_end; /* set before stopping */
+	atomic_llong last_request_ms; /* while stopping, for io_uring */
 	sem_t done; /* a worker left */
 	sem_t registered; /* an io_uring worker's entry registered or failed */
 	struct loop_worker *workers;
@@ -256,6 +261,32 @@ static bool drain_over(struct loop *lp)
 		now.tv_nsec >= lp->drain_end.tv_nsec);
 }
 
+static long long monotonic_ms(void)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+/*
+ * While stopping, is every io_uring entry idle, none having had a request
+ * for LOOP_QUIET_MS?  An entry whose worker leaves stays registered with
+ * the kernel, which may still hand it a request that nobody serves until
+ * the stop ends (and a read that waits on it comes back short).  So the
+ * entries leave together, once their readers have gone quiet; a request
+ * served is a sign of more to come (the reader's next read).  Over
+ * /dev/fuse the workers share one queue and see the quiet by themselves.
+ */
+static bool uring_quiet(struct loop *lp)
+{
+	for (unsigned int i = 0; i < lp->n; i++)
+		if (atomic_load(&lp->workers[i].busy))
+			return false;
+	return monotonic_ms() - atomic_load(&lp->last_request_ms) >=
+	       LOOP_QUIET_MS;
+}
+
 /*
  * While stopping, the queue is empty: does a request come within
  * LOOP_QUIET_MS?  A read a reader started just before the stop may reach
@@ -282,7 +313,7 @@ static int receive(struct loop_worker *me, struct fuse_buf *buf,
 	if (e) {
 		r = furing_ent_next(e, stopping ? LOOP_QUIET_MS : -1);
 		if (r == -ETIME)
-			return stopping ? 0 : -EAGAIN;
+			return stopping && uring_quiet(lp) ? 0 : -EAGAIN;
 		return r;
 	}
 	r = fuse_session_receive_buf(lp->se, buf);
@@ -333,12 +364,16 @@ static void worker_serve(struct loop_worker *me, struct fuse_buf *buf,
 					progname, me->qid, strerror(-r));
 			break;
 		}
+		atomic_store(&me->busy, true);
 		if (e) {
 			furing_ent_process(e);
 		} else {
 			fuse_session_process_buf(lp->se, buf);
 			worker_reply_out(); /* written: the kernel has it */
 		}
+		if (atomic_load(&lp->stopping))
+			atomic_store(&lp->last_request_ms, monotonic_ms());
+		atomic_store(&me->busy, false);
 		/* pointers loaded for this request are dead from here on */
 		cache_quiescent();
 	}
@@ -408,6 +443,7 @@ static unsigned int loop_add(struct loop *lp, unsigned int n, bool uring,
 		w->qid = qid;
 		atomic_init(&w->receiving, false);
 		atomic_init(&w->alive, true);
+		atomic_init(&w->busy, false);
 		if (pthread_create(&w->thread, NULL, worker_main, w))
 			break;
 		lp->n++;
@@ -450,6 +486,7 @@ static void loop_stop(struct loop *lp)
 		lp->drain_end.tv_nsec -= 1000000000L;
 	}
 	/* serve what is queued, and no longer wait for more */
+	atomic_store(&lp->last_request_ms, monotonic_ms());
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	atomic_store(&lp->stopping, true);
 	while (left) {
@@ -747,34 +784,43 @@ static void tier_invalidate(uint64_t id, uint64_t off, uint64_t len,
  * chdir "/"), but the command waits until the daemon serves, or fails to,
  * and exits with that: a mount that fails after the fork (its threads, a
  * refused transport=uring) fails the command, and what the daemon says
- * while it starts reaches the terminal.  The end of a pipe to report on
- * with started(), -1 in the foreground; a daemon that exits without
- * reporting closes it, and the command exits 1.
+ * while it starts reaches the terminal.  That wait includes the kernel's
+ * INIT (up to 10 s, initio_wait()).  A stop signal to the waiting command
+ * is passed on to the daemon, which then stops.  The end of a pipe to
+ * report on with started(), -1 in the foreground, -2 if the fork failed;
+ * a daemon that exits without reporting closes it, and the command exits
+ * 1.
  */
 static int detach(bool foreground)
 {
 	char status = 1;
+	ssize_t n;
+	pid_t pid;
 	int p[2];
 
-	if (foreground || pipe2(p, O_CLOEXEC)) {
-		if (!foreground)
-			fuse_daemonize(false);
+	if (foreground) {
 		(void)!chdir("/");
 		return -1;
 	}
-	switch (fork()) {
-	case -1:
+	if (pipe2(p, O_CLOEXEC)) {
+		fprintf(stderr, "%s: cannot detach: %s\n", progname,
+			strerror(errno));
+		return -2;
+	}
+	pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "%s: cannot detach: %s\n", progname,
+			strerror(errno));
 		close(p[0]);
 		close(p[1]);
-		fuse_daemonize(false);
-		return -1;
-	case 0:
-		break;
-	default:
+		return -2;
+	}
+	if (pid > 0) {
 		close(p[1]);
-		if (read(p[0], &status, 1) != 1)
-			status = 1;
-		_exit(status);
+		while ((n = read(p[0], &status, 1)) < 0 && errno == EINTR)
+			if (stop_signal)
+				kill(pid, stop_signal);
+		_exit(n == 1 ? status : 1);
 	}
 	close(p[0]);
 	setsid();
@@ -811,6 +857,10 @@ static int serve(struct daemon *d)
 	bool uring = d->opt.transport != TRANSPORT_DEV;
 	int ret = 0, report = detach(d->opt.foreground);
 
+	if (report == -2) {
+		fuse_session_unmount(d->se);
+		return -1;
+	}
 	/* threads only after the fork: the daemon's copy has none of them */
 	if (inodes_init(&d->ds) || cache_start(&d->ds.cache) ||
 	    (d->opt.cache == CACHE_KERNEL &&

@@ -684,10 +684,11 @@ static void zf_ioctl(fuse_req_t req, fuse_ino_t ino, int cmd, void *arg,
 	struct dataset *ds = ds_of(req);
 	struct znode *dir = manifest_ino(ds, ino) ? NULL : znode_of(ds, ino);
 	struct zf_ctl_write w;
-	struct znode *n;
 	int err;
 
-	(void)arg, (void)fi, (void)out_size;
+	(void)arg;
+	(void)fi;
+	(void)out_size;
 	if ((unsigned int)cmd != ZF_IOC_CTL_WRITE || !dir ||
 	    dir->kind != ZN_CTL_DIR || !(flags & FUSE_IOCTL_DIR) ||
 	    in_size != sizeof(w)) {
@@ -699,12 +700,9 @@ static void zf_ioctl(fuse_req_t req, fuse_ino_t ino, int cmd, void *arg,
 		return;
 	}
 	memcpy(&w, in, sizeof(w));
-	w.name[sizeof(w.name) - 1] = w.value[sizeof(w.value) - 1] = '\0';
-	err = ctl_lookup(ds, dir, w.name, &n);
-	if (!err && n->kind != ZN_CTL_FILE)
-		err = -EISDIR;
-	if (!err)
-		err = ctl_write(ds, n, w.value, strlen(w.value));
+	w.name[sizeof(w.name) - 1] = '\0';
+	w.value[sizeof(w.value) - 1] = '\0';
+	err = ctl_write_named(ds, dir, w.name, w.value);
 	if (err)
 		fuse_reply_err(req, -err);
 	else

@@ -362,6 +362,10 @@ def test_stop():
                     try:
                         got = os.pread(fd, FRAME, off)
                         res = got == data[off:off + FRAME]
+                        if not res:
+                            res = "%s of %d bytes" % (
+                                "short read" if got == data[off:off + len(got)]
+                                else "wrong bytes", len(got))
                     except OSError as e:
                         res = e.errno
                     t1 = time.time()

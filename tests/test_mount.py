@@ -331,12 +331,18 @@ def test_transport():
             # in the background the command waits for the daemon's start:
             # a refusal after the fork fails it, with the reason, and a
             # mount it returns from is served over io_uring already
-            r = subprocess.run([ZFOLIO, dst, mnt, "-o", "transport=uring"],
-                               capture_output=True, text=True, timeout=30,
-                               env=dict(os.environ, **refuse))
-            check(r.returncode == 1 and "transport=uring: the kernel refused" in r.stderr,
-                  "background transport=uring refused: %d %r" % (r.returncode, r.stderr))
-            check(not is_mounted(mnt), "left mounted after a refused transport (background)")
+            try:
+                r = subprocess.run([ZFOLIO, dst, mnt, "-o", "transport=uring"],
+                                   capture_output=True, text=True, timeout=30,
+                                   env=dict(os.environ, **refuse))
+                check(r.returncode == 1 and
+                      "transport=uring: the kernel refused" in r.stderr,
+                      "background transport=uring refused: %d %r" %
+                      (r.returncode, r.stderr))
+                check(not is_mounted(mnt),
+                      "left mounted after a refused transport (background)")
+            finally:
+                subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
             for opts in ("transport=uring", "transport=auto"):
                 r = subprocess.run([ZFOLIO, dst, mnt, "-o", opts], capture_output=True,
                                    text=True, timeout=30)

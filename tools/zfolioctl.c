@@ -10,10 +10,13 @@
  *   zfolioctl inspect FILE.zst [--json]
  *
  * The mount commands only read and write the files under MNT/.zfolio (or
- * --ctl NAME), so everything they do can be done with cat and echo too.
- * First they make sure, from /proc/self/mountinfo, that MNT is a zfolio
- * mount: a wrong path gets that answer, not a missing memory.stat.  When a
- * write fails they say why in the mount's terms (read-only, not the owner).
+ * --ctl NAME), so everything they do can be done with cat and echo too,
+ * but for writes on a mount made ro: there set and reclaim write by an
+ * ioctl on the control directory (ZF_IOC_CTL_WRITE), which the kernel lets
+ * through where it refuses write opens.  First they make sure, from
+ * /proc/self/mountinfo, that MNT is a zfolio mount: a wrong path gets that
+ * answer, not a missing memory.stat.  When a write fails they say why in
+ * the mount's terms (not the owner, a bad value).
  *
  * inspect needs no mount: it indexes the file with the format library, as
  * the daemon does when it opens it, and prints what the index holds.
@@ -142,8 +145,9 @@ static void explain_write_error(const char *mnt, const char *path,
 	case EROFS:
 		if (!mnt_info.ro)
 			break;
-		die("%s is mounted read-only (ro), so its control files cannot "
-		    "be written; mount it without ro to change limits",
+		die("%s is mounted read-only (ro), and its zfolio is older than "
+		    "the ioctl that writes control files there: mount it "
+		    "without ro, or with this zfolio, to change limits",
 		    mnt);
 	case EACCES:
 	case EPERM:
@@ -173,6 +177,7 @@ static void explain_write_error(const char *mnt, const char *path,
 static int put_ioctl(const char *mnt, const char *file, const char *value)
 {
 	struct zf_ctl_write w;
+	struct stat in, root;
 	char *dir = ctl_path(mnt, NULL);
 	int fd, err = 0;
 
@@ -182,7 +187,11 @@ static int put_ioctl(const char *mnt, const char *file, const char *value)
 	strcpy(w.name, file);
 	strcpy(w.value, value);
 	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || ioctl(fd, ZF_IOC_CTL_WRITE, &w))
+	/* the ioctl goes to the mount's directory only (--group ../..) */
+	if (fd >= 0 && (fstat(fd, &in) || stat(mnt, &root) ||
+			in.st_dev != root.st_dev))
+		err = ENOTTY;
+	else if (fd < 0 || ioctl(fd, ZF_IOC_CTL_WRITE, &w))
 		err = errno;
 	if (fd >= 0)
 		close(fd);
