@@ -225,8 +225,11 @@ def test_faults():
         with stores.Nginx(www) as web, \
                 stores.FaultProxy(web.port, every_503=5, every_drop=7,
                                   every_stall=61, stall_s=2.5) as px:
+            # the proxy's faults hit about a third of the requests, in
+            # an order the streams' timing sets: 8 retries ran out once in
+            # a CI run (9 faults in a row, about 4% of runs); 16 do not
             with Mount(px.url + "ds/", d + "/mnt",
-                       "budget=4M,cache=engine,timeout=1,retries=8") as m:
+                       "budget=4M,cache=engine,timeout=1,retries=16") as m:
                 read_all(m.mnt, files)
                 n = store_counts(m)
                 check(n["retries"] > 0 and n["failures"] == 0,
