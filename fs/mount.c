@@ -215,7 +215,7 @@ struct loop {
 	struct fuse_session *se;
 	bool backing_uring;
 	atomic_bool stopping;
-	struct timespec drain_end; /* set before stopping */
+	long long drain_end_ms; /* set before stopping */
 	atomic_llong last_request_ms; /* while stopping, for io_uring */
 	sem_t done; /* a worker left */
 	sem_t registered; /* an io_uring worker's entry registered or failed */
@@ -251,22 +251,17 @@ static int stop_signals_install(void)
 	return 0;
 }
 
-static bool drain_over(struct loop *lp)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return now.tv_sec > lp->drain_end.tv_sec ||
-	       (now.tv_sec == lp->drain_end.tv_sec &&
-		now.tv_nsec >= lp->drain_end.tv_nsec);
-}
-
 static long long monotonic_ms(void)
 {
 	struct timespec now;
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+static bool drain_over(struct loop *lp)
+{
+	return monotonic_ms() >= lp->drain_end_ms;
 }
 
 /*
@@ -478,13 +473,7 @@ static void loop_stop(struct loop *lp)
 	int fd = fuse_session_fd(lp->se);
 	unsigned int left = lp->n;
 
-	clock_gettime(CLOCK_MONOTONIC, &lp->drain_end);
-	lp->drain_end.tv_sec += LOOP_DRAIN_MS / 1000;
-	lp->drain_end.tv_nsec += LOOP_DRAIN_MS % 1000 * 1000000L;
-	if (lp->drain_end.tv_nsec >= 1000000000L) {
-		lp->drain_end.tv_sec++;
-		lp->drain_end.tv_nsec -= 1000000000L;
-	}
+	lp->drain_end_ms = monotonic_ms() + LOOP_DRAIN_MS;
 	/* serve what is queued, and no longer wait for more */
 	atomic_store(&lp->last_request_ms, monotonic_ms());
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
