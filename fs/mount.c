@@ -45,9 +45,21 @@ static const char *progname = "zfolio";
 struct parse_ctx {
 	struct options *opt;
 	int nonopts;
+	const char *mountpoint;
 	bool help, version;
 	char *error;
 };
+
+/* The flags fuse_parse_cmdline() and fuse_session_new() take. */
+static bool is_fuse_flag(const char *arg)
+{
+	static const char *const flags[] = { "-d", "--debug", "-f", "-s" };
+
+	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+		if (strcmp(arg, flags[i]) == 0)
+			return true;
+	return false;
+}
 
 static int opt_proc(void *data, const char *arg, int key,
 		    struct fuse_args *outargs)
@@ -67,8 +79,20 @@ static int opt_proc(void *data, const char *arg, int key,
 			pc->opt->dataset = strdup(arg);
 			return 0;
 		}
+		pc->mountpoint = arg;
 		return 1; /* the mountpoint: libfuse takes it */
 	case FUSE_OPT_KEY_OPT:
+		/* a flag of the command line (-o's options come without a
+		 * dash): only libfuse's own go on, so that a typo is named
+		 * before the arguments are looked at */
+		if (arg[0] == '-') {
+			if (is_fuse_flag(arg))
+				return 1;
+			if (asprintf(&pc->error, "unknown option '%s' "
+						 "(try -h)", arg) < 0)
+				pc->error = NULL;
+			return -1;
+		}
 		/* fuse2's, gone from libfuse 3: zfolio checks it itself */
 		if (strcmp(arg, "nonempty") == 0) {
 			pc->opt->nonempty = true;
@@ -557,11 +581,19 @@ static int parse_args(struct daemon *d)
 	/* defaults a mount should have; the command line may add more */
 	fuse_opt_add_arg(&d->args, "-odefault_permissions,nosuid,nodev,"
 				   "subtype=zfolio");
+	/* named here, before libfuse's own words for it */
+	if (d->pc.mountpoint && access(d->pc.mountpoint, F_OK) &&
+	    errno != ENOTCONN && errno != ECONNABORTED) {
+		fprintf(stderr, "%s: mountpoint %s: %s\n", progname,
+			d->pc.mountpoint, strerror(errno));
+		return EXIT_FAIL;
+	}
 	if (fuse_parse_cmdline(&d->args, &d->fopts) != 0)
 		return EXIT_FAIL;
 	if (!d->opt.dataset || !d->fopts.mountpoint) {
-		fprintf(stderr, "%s: need DATASET and MOUNTPOINT (try -h)\n",
-			progname);
+		fprintf(stderr, "%s: need %s (try -h)\n", progname,
+			d->opt.dataset ? "a MOUNTPOINT after the DATASET"
+				       : "DATASET and MOUNTPOINT");
 		return EXIT_FAIL;
 	}
 	return RUN;

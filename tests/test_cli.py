@@ -78,6 +78,16 @@ def test_version():
               (" ".join(args), r.returncode, r.stderr))
     r = ctl()
     check(r.returncode == 2 and "inspect FILE.zst" in r.stderr, "zfolioctl alone: " + r.stderr)
+    # zfolio names a mistyped flag or a missing argument first, in its own
+    # words, whatever else the line holds
+    with tempfile.TemporaryDirectory() as d:
+        gone = d + "/gone"
+        for args, want in ((["--bogus"], "unknown option '--bogus'"),
+                           (["-x", d, d], "unknown option '-x'"),
+                           ([d], "need a MOUNTPOINT after the DATASET"),
+                           ([], "need DATASET and MOUNTPOINT"),
+                           ([d, gone], "mountpoint %s: No such file" % gone)):
+            one_line_error(run([ZFOLIO, *args]), "zfolio " + " ".join(args), "zfolio: " + want)
 
 
 def test_not_mount():
