@@ -45,6 +45,10 @@ struct outfile {
 	struct zseek_writer_entry *entries;
 	uint32_t cap;            /* entries' room */
 	uint64_t out_bytes;
+	/* reading the source: where, and what lseek() said is ahead */
+	off_t read_off;
+	off_t hole_end;          /* [read_off, hole_end) is a hole */
+	off_t data_end;          /* [read_off, data_end) holds data */
 };
 
 /* One frame to compress: content in src, the frame out in dst. */
@@ -53,6 +57,7 @@ struct job {
 	uint8_t *src, *dst;
 	size_t len, cap, csize;
 	uint32_t checksum;
+	bool done;               /* dst, csize and checksum set when queued */
 };
 
 enum layout { LAYOUT_PACKED, LAYOUT_TREE };
@@ -70,6 +75,10 @@ struct packer {
 	unsigned int njobs, max_jobs;
 	uint8_t *in_arena, *out_arena;
 	size_t out_cap;
+	/* a frame of zeros, compressed once: a hole's frames are all it */
+	uint8_t *zero_frame;
+	size_t zero_csize;
+	uint32_t zero_checksum;
 	/* the pool */
 	pthread_t *tids;
 	pthread_mutex_t lock;
@@ -117,7 +126,7 @@ char *join(const char *dir, const char *name);
 double now_s(const struct timespec *t0);
 void draw_progress(struct packer *pk, bool final);
 void write_all(int fd, const void *buf, size_t len, const char *path);
-void read_all(int fd, void *buf, size_t len, const char *path);
+void read_all(int fd, void *buf, size_t len, off_t off, const char *path);
 /* how many files read_all() found shorter than they were said to be */
 unsigned int files_changed(void);
 /*

@@ -298,7 +298,7 @@ static struct place_in_data pack_append(struct packed *p, int fd,
 		pack_flush_frame(p); /* a file is never split across frames */
 	d.id = p->pack_id;
 	d.off = p->pack_flushed + p->frame_len;
-	read_all(fd, p->frame + p->frame_len, size, spath);
+	read_all(fd, p->frame + p->frame_len, size, 0, spath);
 	if (dedup_find(p, p->frame + p->frame_len, size, &d, &slot)) {
 		p->pk->deduped++;
 		return d; /* stored before: the bytes read are dropped */
