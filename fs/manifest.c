@@ -75,7 +75,11 @@ static int read_header(const char *p, size_t len, void *arg)
 	mf->root.st_mtim.tv_sec = (time_t)v[7];
 	mf->root.st_mtim.tv_nsec = (long)(v[8] % 1000000000);
 	mf->root.st_atim = mf->root.st_ctim = mf->root.st_mtim;
-	mf->root.st_nlink = 2;
+	/* the root's links: a manifest without them (an older mkzfolio's)
+	 * gets the 2 of a root without subdirectories */
+	if (header_value(line, n, "nlink", &v[0]) || !v[0] || v[0] > UINT32_MAX)
+		v[0] = 2;
+	mf->root.st_nlink = (nlink_t)v[0];
 	return 0;
 }
 
@@ -456,6 +460,16 @@ static int data_file(struct dataset *ds, uint64_t id, struct zfile **out)
 					  : -EIO;
 		if (r && ds->store)
 			zlog_file(path, "%s", why);
+		/* the manifest names it: missing or unreadable, the dataset
+		 * is damaged, which a reader should not take for a file
+		 * removed under it (ENOENT) */
+		if (!ds->store && (r == -ENOENT || r == -EACCES ||
+				   r == -EPERM)) {
+			zlog_file(path, "%s: the dataset is damaged, and the "
+					"files stored in it read as EIO",
+				  strerror(-r));
+			r = -EIO;
+		}
 		if (!dataset_unchanged(ds)) {
 			if (!r)
 				zfile_put(d->f);

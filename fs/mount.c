@@ -643,9 +643,11 @@ static int check_args(struct daemon *d)
 	if (!o->dataset || check_mountpoint(d->fopts.mountpoint, o->nonempty))
 		return -1;
 	if (access("/dev/fuse", R_OK | W_OK)) {
-		fprintf(stderr, "%s: cannot use /dev/fuse: %s (is the fuse "
-				"module loaded?)\n",
-			progname, strerror(errno));
+		fprintf(stderr, "%s: cannot use /dev/fuse: %s (%s)\n", progname,
+			strerror(errno),
+			errno == ENOENT ? "is the fuse module loaded?"
+					: "its mode lets only some users mount: "
+					  "ask root, or see fuse(8)");
 		return -1;
 	}
 	o->ra_kb = options_ra_kb(o);

@@ -29,15 +29,6 @@ def ctl(*args, **kw):
     return run([ZFOLIOCTL, *args], **kw)
 
 
-def one_line_error(r, what, needle):
-    """Exit status 1 and one line on stderr that says needle."""
-    check(r.returncode == 1, "%s: exit status %d: %s" % (what, r.returncode, r.stderr))
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    check(len(lines) == 1, "%s: expected one line, got %r" % (what, r.stderr))
-    check(needle in lines[0], "%s: %r does not say %r" % (what, lines[0], needle))
-    return lines[0]
-
-
 def packed(d, files, *args):
     """files {name: bytes} packed into d/dst; returns dst."""
     src, dst = d + "/src", d + "/dst"

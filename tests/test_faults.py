@@ -317,6 +317,26 @@ def test_repacked():
                 check(e.errno == errno.EIO, "b1 after the removal: %s" % e)
             check("the dataset was removed under the mount" in m.output() and
                   "packed again" not in m.output(), "the message: %r" % m.output())
+        # a data file missing before the mount: its file reads as EIO, not
+        # ENOENT (that is a file removed under its reader), with a message;
+        # the others read
+        shutil.copytree(d + "/dst", d + "/dst4")
+        data_dir = d + "/dst4/data"
+        biggest = max(os.listdir(data_dir), key=lambda n: os.path.getsize(data_dir + "/" + n))
+        os.unlink(data_dir + "/" + biggest)
+        with Mount(d + "/dst4", d + "/mnt") as m:
+            res = {}
+            for n in sorted(new):
+                try:
+                    with open(d + "/mnt/" + n, "rb") as f:
+                        res[n] = "ok" if f.read() == new[n] else "wrong"
+                except OSError as e:
+                    res[n] = e.errno
+            bad = {n: r for n, r in res.items() if r != "ok"}
+            check(len(bad) == 1 and list(bad.values()) == [errno.EIO],
+                  "with %s missing: %s" % (biggest, bad))
+            check("data/%s: No such file or directory: the dataset is damaged" % biggest
+                  in m.output(), "the message: %r" % m.output())
 
 
 def test_changed():

@@ -94,6 +94,11 @@ def test_fidelity():
             check(tar_digest(mnt) == want, "tar of the mount differs from the source")
             a, b = os.stat(mnt + "/links/orig"), os.stat(mnt + "/dir/hard_elsewhere")
             check(a.st_ino == b.st_ino and a.st_nlink == 3, "hard links: %s %s" % (a, b))
+            # directories' links count their subdirectories, the root's too
+            for sub in ("", "/dir", "/links"):
+                check(os.stat(mnt + sub).st_nlink == os.stat(src + sub).st_nlink,
+                      "links of %s: %d, the source's %d" % (sub or "/", os.stat(mnt + sub).st_nlink,
+                                                             os.stat(src + sub).st_nlink))
             check(os.readlink(mnt + "/to_foo_zst") == "foo.zst", "a link to a .zst name")
             with open(mnt + "/to_foo_zst", "rb") as f:
                 check(f.read() == rand_bytes(5000, 1), "through the link to foo.zst")

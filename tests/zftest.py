@@ -90,6 +90,15 @@ def make_tree(root, frame=128 * 1024, big=True):
     return files
 
 
+def one_line_error(r, what, needle):
+    """Exit status 1 and one line on stderr that says needle: that line."""
+    check(r.returncode == 1, "%s: exit status %d: %s" % (what, r.returncode, r.stderr))
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    check(len(lines) == 1, "%s: expected one line, got %r" % (what, r.stderr))
+    check(needle in lines[0], "%s: %r does not say %r" % (what, lines[0], needle))
+    return lines[0]
+
+
 def pack(src, dst, *args):
     """mkzfolio SRC DST (the packed layout unless args say --layout=tree:
     the tests that edit a dataset's files need one file per .zst)."""

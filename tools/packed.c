@@ -197,18 +197,20 @@ static void manifest_entry(struct packed *p, const char *parent,
 }
 
 /* The last frame: the header; then the seek table. */
-static void manifest_finish(struct packed *p, const struct stat *root)
+static void manifest_finish(struct packed *p, const struct stat *root,
+			    uint64_t root_nlink)
 {
 	manifest_flush(p);
 	put_text(p, "%s\tversion=%d\tentries=%llu\tdata=%llu", ZMF_MAGIC,
 		 ZMF_VERSION, (unsigned long long)p->entries,
 		 (unsigned long long)p->next_id);
 	put_text(p, "\tbytes=%llu\tmode=%u\tuid=%u\tgid=%u\tmtime=%lld"
-		    "\tmtime_ns=%ld\n",
+		    "\tmtime_ns=%ld\tnlink=%llu\n",
 		 (unsigned long long)p->bytes,
 		 (unsigned int)(root->st_mode & 07777),
 		 (unsigned int)root->st_uid, (unsigned int)root->st_gid,
-		 (long long)root->st_mtim.tv_sec, root->st_mtim.tv_nsec);
+		 (long long)root->st_mtim.tv_sec, root->st_mtim.tv_nsec,
+		 (unsigned long long)root_nlink);
 	manifest_flush(p);
 	{
 		size_t tsize = zseek_table_size(p->nmframes);
@@ -576,7 +578,7 @@ void packed_pack(struct packer *pk, const struct place *src,
 	pack_close(p);
 	if (pk->njobs)
 		run_batch(pk); /* every data file finished before the manifest */
-	manifest_finish(p, sst);
+	manifest_finish(p, sst, dir_nlink(src->fd, "."));
 	packed_close(p);
 	free(p);
 }
