@@ -297,6 +297,34 @@ def test_foreign():
                   "budget" % grown)
 
 
+def test_treelayout():
+    """mkzfolio --layout=tree: a tree it cannot keep (x beside x.zst, a
+    name ".zst" makes too long) is refused before anything is written, and
+    DST is not left behind; hard links are links between the .zst files,
+    and the mount gives back the source, tar for tar."""
+    require_root_fuse()
+    with tmpdir() as d:
+        tricky = d + "/tricky"
+        os.makedirs(tricky)
+        make_tricky(tricky)
+        # each refused in turn, in the walk's order
+        for remove, says in (("dir/" + "m" * 251 + ".zst", "too long for the tree layout"),
+                             ("n" * 255, "too long for the tree layout"),
+                             ("x.zst", "cannot keep it beside %s/x.zst" % tricky)):
+            r = subprocess.run([MKZFOLIO, "-q", TREE, tricky, d + "/no"],
+                               capture_output=True, text=True, timeout=60)
+            check(r.returncode == 1 and says in r.stderr and remove in r.stderr,
+                  "%s: %d %r" % (remove, r.returncode, r.stderr))
+            check(not os.path.exists(d + "/no"), "a refused tree left DST behind")
+            os.unlink(tricky + "/" + remove)
+        want = tar_digest(tricky)
+        pack(tricky, d + "/tree", TREE)
+        a, b = os.stat(d + "/tree/links/orig.zst"), os.stat(d + "/tree/dir/hard_elsewhere.zst")
+        check(a.st_ino == b.st_ino and a.st_nlink == 3, "not linked: %s %s" % (a, b))
+        with Mount(d + "/tree", d + "/mnt"):
+            check(tar_digest(d + "/mnt") == want, "tar of the tree layout's mount differs")
+
+
 def lookups(m):
     """LOOKUP requests the daemon took so far (its -d trace)."""
     return m.output().count("opcode: LOOKUP")

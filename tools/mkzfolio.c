@@ -234,6 +234,16 @@ static bool path_is_within(const char *path, const char *dir)
 	       (strncmp(path, dir, n) == 0 && path[n] == '/');
 }
 
+/* DST if mkzfolio made it: removed by a failure while it is still empty
+ * (a name the tree layout cannot keep is said before anything is written) */
+static const char *made_dst;
+
+static void made_dst_remove(void)
+{
+	if (made_dst)
+		rmdir(made_dst);
+}
+
 /*
  * SRC a directory; DST made if missing, not inside SRC (we would pack our
  * own output), and empty unless --force.  Gives both real paths.
@@ -261,6 +271,10 @@ static void check_paths(const struct cli *cli, struct stat *sst, char *rsrc,
 	if (!cli->force && !dir_is_empty(rdst))
 		die("%s is not empty (use --force to write into it)",
 		    cli->dst);
+	if (made && !die_hook) { /* a store's temporary one has its own */
+		made_dst = cli->dst;
+		die_hook = made_dst_remove;
+	}
 }
 
 /* The temporary directory of a dataset for a store, until it is gone. */
@@ -321,7 +335,9 @@ static void pack(struct packer *pk, const struct place *src,
 		 const struct place *dst, const struct stat *sst)
 {
 	clock_gettime(CLOCK_MONOTONIC, &pk->t0);
-	tree_count(src->fd, src->path, &pk->total_in, &pk->total_files);
+	tree_count(src->fd, src->path,
+		   &(struct count){&pk->total_in, &pk->total_files,
+				   pk->layout == LAYOUT_TREE});
 	if (pk->layout == LAYOUT_TREE)
 		tree_pack(pk, src, dst);
 	else

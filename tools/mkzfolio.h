@@ -152,7 +152,13 @@ void queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,
 void queue_buffer(struct packer *pk, struct outfile *of, const void *buf,
 		  size_t len);
 char **list_dir(int fd, size_t *n, const char *path);
-void tree_count(int fd, const char *path, uint64_t *bytes, uint64_t *files);
+/* What tree_count() adds up under a directory, and whether it checks the
+ * names for the tree layout. */
+struct count {
+	uint64_t *bytes, *files;
+	bool tree;
+};
+void tree_count(int fd, const char *path, const struct count *c);
 void packer_setup(struct packer *pk, bool quiet);
 void pool_start(struct packer *pk);
 void pool_stop(struct packer *pk);

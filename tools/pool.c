@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -531,40 +532,67 @@ char **list_dir(int fd, size_t *n, const char *path)
 	return v;
 }
 
-/* The content bytes and files under one name: what the progress counts. */
-static void entry_count(int dirfd, const char *dir, const char *name,
-			uint64_t *bytes, uint64_t *files)
+/*
+ * The tree layout stores a file f as f.zst: a name ".zst" makes too long,
+ * or one beside an f.zst (of any kind), cannot be kept.  Said before
+ * anything is written, so that no half-made dataset is left to mount.
+ */
+static void tree_name_check(const char *dir, const char *name,
+			    char **names, size_t n)
+{
+	char *zname, *path;
+
+	if (asprintf(&zname, "%s.zst", name) < 0)
+		die("out of memory");
+	path = join(dir, name);
+	if (strlen(zname) > NAME_MAX)
+		die("%s: the name is too long for the tree layout once .zst "
+		    "is added (the packed layout keeps it)", path);
+	if (bsearch(&zname, names, n, sizeof(*names), cmp_name))
+		die("%s: the tree layout cannot keep it beside %s.zst (the "
+		    "packed layout keeps both)", path, path);
+	free(path);
+	free(zname);
+}
+
+/* The content bytes and files under one name: what the progress counts;
+ * for the tree layout, its name is checked too. */
+static void entry_count(int dirfd, const char *dir, char **names, size_t n,
+			size_t i, const struct count *c)
 {
 	struct stat st;
 	char *sub;
 	int fd;
 
-	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW))
+	if (fstatat(dirfd, names[i], &st, AT_SYMLINK_NOFOLLOW))
 		return; /* packing it will say why */
-	++*files;
-	if (S_ISREG(st.st_mode))
-		*bytes += (uint64_t)st.st_size;
+	++*c->files;
+	if (S_ISREG(st.st_mode)) {
+		*c->bytes += (uint64_t)st.st_size;
+		if (c->tree)
+			tree_name_check(dir, names[i], names, n);
+	}
 	if (!S_ISDIR(st.st_mode))
 		return;
-	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
-					 O_CLOEXEC);
+	fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+					     O_CLOEXEC);
 	if (fd < 0)
 		return;
-	sub = join(dir, name);
-	tree_count(fd, sub, bytes, files);
+	sub = join(dir, names[i]);
+	tree_count(fd, sub, c);
 	free(sub);
 	close(fd);
 }
 
-void tree_count(int fd, const char *path, uint64_t *bytes, uint64_t *files)
+void tree_count(int fd, const char *path, const struct count *c)
 {
 	size_t n;
 	char **names = list_dir(fd, &n, path);
 
-	for (size_t i = 0; i < n; i++) {
-		entry_count(fd, path, names[i], bytes, files);
+	for (size_t i = 0; i < n; i++)
+		entry_count(fd, path, names, n, i, c);
+	for (size_t i = 0; i < n; i++)
 		free(names[i]);
-	}
 	free(names);
 }
 

@@ -4,9 +4,11 @@
  * which each regular file f is f.zst in the zstd seekable format, and
  * directories, symlinks (as links, never followed), FIFOs and (as root)
  * device nodes are recreated, with modes, times and (as root) owners.
- * Every .zst is a plain zstd stream: zstd -d restores the file.  A name
- * that ".zst" would make too long, and a source holding both x and x.zst,
- * cannot be kept this way: the packed layout keeps them.
+ * Every .zst is a plain zstd stream: zstd -d restores the file.  Hard
+ * links are links between the .zst files.  A name that ".zst" would make
+ * too long, and a source holding both x and x.zst, cannot be kept this
+ * way: mkzfolio says so before it writes anything (the packed layout keeps
+ * them).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -30,7 +32,8 @@ static struct outfile *outfile_open(struct packer *pk, const struct place *dst,
 	if (asprintf(&zname, "%s.zst", e->name) < 0)
 		die("out of memory");
 	path = join(dst->path, zname);
-	/* a name the filesystem refuses once ".zst" is added */
+	/* a name too long once ".zst" is added: tree_count() said so, unless
+	 * the tree changed since */
 	if (strlen(zname) > NAME_MAX)
 		die("%s: the name is too long for the tree layout once .zst "
 		    "is added (the packed layout keeps it)", e->spath);
@@ -55,13 +58,63 @@ static void remove_earlier(const struct place *dst, const char *name)
 	unlinkat(dst->fd, name, 0);
 }
 
+/*
+ * Hard links: a file's first name is packed, its others are links to that
+ * .zst (a tree of .zst files keeps them: the mount gives each .zst's inode
+ * and link count).
+ */
+#define TREE_LINK_BUCKETS 1024
+
+struct tree_link {
+	struct tree_link *next;
+	dev_t dev;
+	ino_t ino;
+	char *zpath; /* the first name's .zst */
+};
+
+static struct tree_link *tree_links[TREE_LINK_BUCKETS];
+
+static struct tree_link **tree_link_slot(const struct stat *st)
+{
+	uint64_t h = (uint64_t)st->st_ino * 0x9E3779B97F4A7C15ull ^
+		     (uint64_t)st->st_dev;
+	struct tree_link **pp = &tree_links[(h >> 40) % TREE_LINK_BUCKETS];
+
+	while (*pp && ((*pp)->dev != st->st_dev || (*pp)->ino != st->st_ino))
+		pp = &(*pp)->next;
+	return pp;
+}
+
+static void link_earlier(struct packer *pk, const struct place *dst,
+			 const struct entry *e, const char *zpath)
+{
+	char *zname;
+
+	if (asprintf(&zname, "%s.zst", e->name) < 0)
+		die("out of memory");
+	unlinkat(dst->fd, zname, 0); /* --force over an earlier pack */
+	if (linkat(AT_FDCWD, zpath, dst->fd, zname, 0))
+		die("%s.zst: %s", e->dpath, strerror(errno));
+	free(zname);
+	pk->hardlinks++;
+	pk->done_files++;
+}
+
 static void pack_file(struct packer *pk, const struct place *src,
 		      const struct place *dst, const struct entry *e)
 {
 	uint64_t left = (uint64_t)e->st.st_size;
+	struct tree_link **slot = NULL;
 	struct outfile *of;
 	int fd;
 
+	if (e->st.st_nlink > 1) {
+		slot = tree_link_slot(&e->st);
+		if (*slot) {
+			link_earlier(pk, dst, e, (*slot)->zpath);
+			return;
+		}
+	}
 	fd = openat(src->fd, e->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
 		skip_unreadable(errno, e->spath, "not packed");
@@ -69,6 +122,15 @@ static void pack_file(struct packer *pk, const struct place *src,
 		return;
 	}
 	of = outfile_open(pk, dst, e);
+	if (slot) {
+		struct tree_link *l = calloc(1, sizeof(*l));
+
+		if (!l || asprintf(&l->zpath, "%s.zst", e->dpath) < 0)
+			die("out of memory");
+		l->dev = e->st.st_dev;
+		l->ino = e->st.st_ino;
+		*slot = l;
+	}
 	while (left) {
 		size_t len = left < pk->frame ? (size_t)left : pk->frame;
 
@@ -231,6 +293,14 @@ void tree_pack(struct packer *pk, const struct place *src,
 /* Packing a directory changed its times: set them last, deepest first. */
 void tree_restore_dirs(struct packer *pk)
 {
+	for (int i = 0; i < TREE_LINK_BUCKETS; i++)
+		while (tree_links[i]) {
+			struct tree_link *l = tree_links[i];
+
+			tree_links[i] = l->next;
+			free(l->zpath);
+			free(l);
+		}
 	while (pk->ndirs--) {
 		const struct stat *st = &pk->dirstats[pk->ndirs];
 		const char *p = pk->dirpaths[pk->ndirs];
