@@ -438,6 +438,41 @@ void dataset_list_free(struct dir_entry *e, size_t n)
 
 /* --- the dataset's lifetime --- */
 
+/*
+ * One mounted FILE.zst: zstd data, or nothing (an empty file is an empty
+ * stream); anything else is refused now rather than mounted to read as
+ * EIO.  What is wrong further in is found when it is read, as for a tree.
+ */
+static int check_single(const char *path, char *err, size_t errlen)
+{
+	uint8_t b[4];
+	uint32_t m;
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return -errno;
+	}
+	n = pread(fd, b, sizeof(b), 0);
+	close(fd);
+	if (n == 0)
+		return 0;
+	m = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+	    (uint32_t)b[3] << 24;
+	if (n == (ssize_t)sizeof(b) &&
+	    (m == ZSEEK_ZSTD_MAGIC ||
+	     (m & ZSEEK_SKIPPABLE_MASK) == ZSEEK_SKIPPABLE_START))
+		return 0;
+	snprintf(err, errlen, "%s: not zstd data (%s)", path,
+		 n < 0 ? strerror(errno)
+		 : n >= 2 && b[0] == 0x1f && b[1] == 0x8b ? "gzip?"
+		 : n >= 4 && !memcmp(b, "\xfd" "7zX", 4) ? "xz?"
+		 : n >= 3 && !memcmp(b, "BZh", 3) ? "bzip2?"
+		 : "it does not start with zstd's magic number");
+	return -EINVAL;
+}
+
 /* The dataset root: a directory, or the directory of one mounted file. */
 static int open_root(struct dataset *ds, const char *path, char *err,
 		     size_t errlen)
@@ -453,6 +488,11 @@ static int open_root(struct dataset *ds, const char *path, char *err,
 	if (S_ISDIR(st.st_mode)) {
 		ds->rootfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	} else if (S_ISREG(st.st_mode)) {
+		int r = ends_with_zst(path) ? check_single(path, err, errlen)
+					    : 0;
+
+		if (r)
+			return r;
 		copy = strdup(path);
 		if (!copy)
 			return -ENOMEM;

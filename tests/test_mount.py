@@ -6,6 +6,7 @@
                   | transport
 """
 import errno
+import gzip
 import os
 import random
 import signal
@@ -460,6 +461,16 @@ def test_foreign():
             check(os.listdir(mnt) == ["multi"], "single file mount: " + str(os.listdir(mnt)))
             with open(mnt + "/multi", "rb") as f:
                 check(f.read() == whole, "single file mount content")
+        # one FILE.zst that is not zstd data: refused, saying what it seems
+        # to be, rather than mounted to read as EIO; an empty one is empty
+        with open(ds + "/notz.zst", "wb") as f:
+            f.write(gzip.compress(b"gzip, not zstd"))
+        one_line_error(run_cli([ds + "/notz.zst", mnt]), "a gzip file named .zst",
+                       "notz.zst: not zstd data (gzip?)")
+        open(ds + "/empty.zst", "wb").close()
+        with Mount(ds + "/empty.zst", mnt):
+            check(os.listdir(mnt) == ["empty"] and os.path.getsize(mnt + "/empty") == 0,
+                  "an empty FILE.zst: %r" % os.listdir(mnt))
 
 
 def storm_thread(mnt, files, stop, errors, seed):
