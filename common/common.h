@@ -143,6 +143,9 @@ void text_json_string(struct text *t, const char *s);
 	  "frames that failed to decompress or verify")                        \
 	X(SLOW_FRAMES, "single_frame_warnings", event,                         \
 	  "frames without a size, measured by decoding: slow random reads")    \
+	X(WINDOWS_REFUSED, "decoder_windows_refused", event,                   \
+	  "reads failed (EIO): the budget cannot hold the frame's decoder "    \
+	  "window")                                                            \
 	X(DECODER_RESTARTS, "decoder_restarts", event,                         \
 	  "reads in a big frame that decoded it again from its start")         \
 	X(DECODER_SKIPPED, "decoder_skipped_bytes", event,                     \

@@ -813,9 +813,12 @@ static int read_split(struct zfile *f, unsigned long slot, void *dst,
 
 		zseek_stream_need(zfile_read_cb, f, fr, &need);
 		zlog_file(f->path, "the budget cannot hold a %llu MiB decoder "
-				   "window for a frame at offset %llu",
+				   "window for a frame at offset %llu (a "
+				   "bigger budget= reads it)",
 			  (unsigned long long)(need >> 20),
 			  (unsigned long long)fr->c_off);
+		stat_inc(g ? g : &f->mapping->cache->budget.root,
+			 STAT_WINDOWS_REFUSED);
 		r = -EIO;
 	}
 	if (!r && !z->ready) {

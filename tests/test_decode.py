@@ -6,6 +6,7 @@ within a share of the budget.
 
     test_decode.py parts | parallel | buffers | passover | streams | windows
 """
+import errno
 import os
 import random
 import subprocess
@@ -334,6 +335,25 @@ def test_windows():
             check(st["decoder_windows"] <= (4 << 20) + (3 << 20),
                   "%d bytes of decoder windows" % st["decoder_windows"])
             check(st["charge_failures_demand"] == 0, "demand charges failed")
+        # a window bigger than the whole budget (zstd --long=24 on 20 MiB:
+        # 16 MiB, at budget=8M): EIO, counted, and said with the size
+        # wanted, and the budget is kept
+        os.makedirs(d + "/long")
+        with open(d + "/plain", "wb") as f:
+            f.write(text_bytes(20 << 20, 99))
+        subprocess.run(["zstd", "-q", "-f", "-3", "--long=24", d + "/plain", "-o",
+                        d + "/long/f.zst"], check=True)
+        with Mount(d + "/long", d + "/mnt", "cache=engine,budget=8M") as m:
+            try:
+                with open(d + "/mnt/f", "rb") as f:
+                    f.read(4096)
+                fail("a 16 MiB window read at budget=8M")
+            except OSError as e:
+                check(e.errno == errno.EIO, "the long window: %s" % e)
+            check(m.stat()["decoder_windows_refused"] >= 1, "the refusal is not counted")
+            check("the budget cannot hold a 16 MiB decoder window" in m.output(),
+                  "the message: %r" % m.output())
+            check(int(m.ctl("memory.peak")) <= 8 << 20, "over the budget")
 
 
 if __name__ == "__main__":
