@@ -851,6 +851,18 @@ static void zf_init(void *userdata, struct fuse_conn_info *conn)
 	if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
 		conn->want |= FUSE_CAP_CACHE_SYMLINKS;
 	conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+	/*
+	 * A manifest has every entry's attributes at hand: readdirplus for
+	 * every part of a listing, not the kernel's guess (plus for the first
+	 * part, then only after a lookup in between), which left find, du,
+	 * tar, ls -l a LOOKUP per entry past the first part: `find -printf`
+	 * over 30,000 files in 30 directories, caches dropped, 0.80 s ->
+	 * 0.15 s; 200,000 in one, 13-28 s -> 0.7-1.1 s.  A bare `ls -f` of
+	 * those 200,000 pays for it: 0.17 -> 0.6 s.  A tree's attributes cost
+	 * a look into each .zst: there the kernel guesses.
+	 */
+	if (ds->mf)
+		conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
 	/* zfolioctl writes control files by an ioctl on their directory */
 	if (conn->capable & FUSE_CAP_IOCTL_DIR)
 		conn->want |= FUSE_CAP_IOCTL_DIR;

@@ -330,6 +330,38 @@ def lookups(m):
     return m.output().count("opcode: LOOKUP")
 
 
+def test_plus():
+    """A walk that lists a directory whole and then stats its entries (find,
+    du, tar, ls -l): in a packed dataset every part of the listing carries
+    the attributes (readdirplus), so the walk asks the daemon for no entry
+    by name; what it sees is the source's."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src = d + "/src"
+        for k in range(3):
+            os.makedirs("%s/d%d" % (src, k))
+            for i in range(2000):
+                with open("%s/d%d/entry_with_a_longish_name_%05d" % (src, k, i), "wb") as f:
+                    f.write(b"x" * (i % 50))
+        pack(src, d + "/packed")
+
+        def walk(root):
+            out = []
+            for k in range(3):
+                names = sorted(os.listdir("%s/d%d" % (root, k)))  # whole, first
+                for n in names:
+                    st = os.lstat("%s/d%d/%s" % (root, k, n))
+                    out.append((k, n, st.st_size, st.st_mode, st.st_mtime_ns))
+            return out
+        want = walk(src)
+        with Mount(d + "/packed", d + "/mnt", extra=("-d",)) as m:
+            before = lookups(m)
+            check(walk(m.mnt) == want, "the walk differs from the source's")
+            asked = lookups(m) - before
+            print("%d lookups for a walk of %d entries" % (asked, len(want)))
+            check(asked <= 3, "%d lookups for a walk of %d entries" % (asked, len(want)))
+
+
 def test_missing():
     """Names that are not there, looked for again and again (a compiler's
     include path, a shell's PATH, a program probing for optional files):
