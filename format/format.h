@@ -189,6 +189,9 @@ uint64_t zseek_raw_block_pos(unsigned int data_off, uint64_t k);
 /* Whether hdr is the header of raw block k of a raw frame fr. */
 bool zseek_raw_block_ok(const uint8_t hdr[ZSEEK_BLOCK_HEADER],
 			const struct zseek_frame *fr, uint64_t k);
+/* Frame fr (its c_size bytes at src) into dst (its d_size bytes): 0,
+ * -EBADMSG if it does not decode or fails its checksum, -EUCLEAN if its
+ * header gives a size other than the seek table's. */
 int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst);
 

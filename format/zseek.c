@@ -645,7 +645,15 @@ int zseek_raw_frame(const void *probe, size_t n, const struct zseek_frame *fr,
 int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst)
 {
-	size_t r = ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
+	unsigned long long fcs = ZSTD_getFrameContentSize(src, fr->c_size);
+	size_t r;
+
+	/* the frame says its size, and the table another: the table lies,
+	 * and every offset it gives past this frame is wrong too */
+	if (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != ZSTD_CONTENTSIZE_ERROR &&
+	    fcs != fr->d_size)
+		return -EUCLEAN;
+	r = ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
 
 	if (ZSTD_isError(r) || r != fr->d_size)
 		return -EBADMSG;

@@ -855,6 +855,16 @@ static int read_split(struct zfile *f, unsigned long slot, void *dst,
  */
 static int said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 {
+	if (r == -EUCLEAN) {
+		atomic_store(&f->table_lies, true);
+		zlog_file(f->path, "the seek table gives the frame at offset "
+				   "%llu a size its header does not: the "
+				   "table is damaged, and the whole file "
+				   "reads as EIO",
+			  (unsigned long long)zseek_frame_at(
+				  &f->idx, slot_frame(f, slot)).c_off);
+		return -EBADMSG;
+	}
 	if (r == -EBADMSG)
 		zlog_file(f->path, "the frame at offset %llu does not decode%s",
 			  (unsigned long long)zseek_frame_at(
@@ -878,6 +888,8 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	atomic_fetch_add_explicit(&f->ds->fill_clock, 1, memory_order_relaxed);
 	if (f->idx.kind == ZSEEK_RAW)
 		return io->err[i];
+	if (atomic_load(&f->table_lies))
+		return -EBADMSG;
 	if (slot_split(f, slot)) {
 		err = read_split(f, slot, fo->data, fo->len, fo->group);
 	} else {
@@ -971,6 +983,8 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 		n = fd_read(f, buf, len, mapping_folio_pos(m, index));
 		return n < 0 ? (int)n : (size_t)n == len ? 0 : -EIO;
 	}
+	if (atomic_load(&f->table_lies))
+		return -EBADMSG;
 	if (slot_split(f, index))
 		return read_split(f, index, buf, len, NULL);
 	frame_v = zseek_frame_at(&f->idx, slot_frame(f, index));

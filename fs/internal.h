@@ -141,6 +141,9 @@ struct zfile {
 	int dfd;
 	struct zseek_index idx;
 	bool decode;
+	/* a frame's header gave a size other than its seek table's: every
+	 * offset past it is wrong, so the whole file reads as EIO */
+	atomic_bool table_lies;
 	struct stat st; /* the backing file when it was indexed */
 	/* folio i: frame slot_frame[i], at slot_skip[i] into that frame */
 	unsigned long nslots;

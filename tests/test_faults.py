@@ -247,6 +247,29 @@ def test_corrupt():
                 except OSError as e:
                     check(e.errno == errno.EIO, "sequential read: %s" % e)
                 check(got == data[:len(got)] and len(got) <= 3 * FRAME, "bytes before EIO")
+        # a table whose size for frame 3 is not the frame's: every offset
+        # past it is wrong, so once frame 3 is read the whole file is EIO
+        # (never bytes from the wrong place), and the log says the table
+        with open(z, "r+b") as f:
+            f.seek(c_off + c_size // 2)
+            f.write(b)  # frame 3 decodes again
+            f.seek(entries + 12 * 7 + 8)
+            f.write(struct.pack("<I", ck))  # frame 7's checksum again
+            f.seek(entries + 12 * 3 + 4)
+            f.write(struct.pack("<I", FRAME - 10))
+        with Mount(dst, d + "/mnt", "budget=8M,cache=engine") as m:
+            fd = os.open(d + "/mnt/f", os.O_RDONLY)
+            try:
+                for i in (3, 6, 0):
+                    try:
+                        got = os.pread(fd, 16, (i * FRAME + 100) if i != 3 else 3 * FRAME + 100)
+                        fail("frame %d read %r after the table was caught" % (i, got))
+                    except OSError as e:
+                        check(e.errno == errno.EIO, "frame %d: %s" % (i, e))
+            finally:
+                os.close(fd)
+            check("the seek table gives the frame at offset %d a size its header does not"
+                  % c_off in m.output(), "the message: %r" % m.output())
         # a seek table that lies: a clear error at open, the mount lives on
         with open(z, "r+b") as f:
             f.seek(-9, 2)
