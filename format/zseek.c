@@ -355,7 +355,9 @@ static int64_t walk_blocks(zseek_read_fn rd, void *ctx, uint64_t pos,
 		uint8_t bh[3];
 		uint32_t h, type, size;
 
-		if (pos + 3 > file_size || read_exact(rd, ctx, bh, 3, pos))
+		if (pos + 3 > file_size)
+			return -ENODATA; /* the file ends inside the frame */
+		if (read_exact(rd, ctx, bh, 3, pos))
 			return -EBADMSG;
 		h = (uint32_t)bh[0] | (uint32_t)bh[1] << 8 |
 		    (uint32_t)bh[2] << 16;
@@ -365,7 +367,7 @@ static int64_t walk_blocks(zseek_read_fn rd, void *ctx, uint64_t pos,
 			return -EBADMSG;
 		pos += 3 + (type == 1 ? 1 : size);
 		if (pos > file_size)
-			return -EBADMSG;
+			return -ENODATA;
 		if (h & 1) {
 			++*nblocks;
 			return (int64_t)pos;
@@ -429,7 +431,13 @@ static int walk_frame(zseek_read_fn rd, void *ctx, uint64_t off,
 			    "served",
 			    (unsigned long long)off, fh.dictID);
 	end = walk_blocks(rd, ctx, off + hsize, file_size, &nblocks);
-	if (end < 0 || (fh.checksumFlag && (uint64_t)end + 4 > file_size))
+	if (end == -ENODATA ||
+	    (end >= 0 && fh.checksumFlag && (uint64_t)end + 4 > file_size))
+		return fail(err, errlen, -EBADMSG,
+			    "the frame at offset %llu is cut short: the file "
+			    "ends inside it (truncated?)",
+			    (unsigned long long)off);
+	if (end < 0)
 		return -EBADMSG;
 	fr->c_off = off;
 	fr->c_size = (uint64_t)end + (fh.checksumFlag ? 4 : 0) - off;

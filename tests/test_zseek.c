@@ -423,6 +423,23 @@ static void test_not_zstd(void)
 				   sizeof(err)),
 		 -EBADMSG);
 	free(m.p);
+	/* zstd's own output cut short: said to be cut, not "not zstd" */
+	{
+		unsigned char in[20000], out[ZSTD_COMPRESSBOUND(20000)];
+		size_t n;
+
+		for (size_t i = 0; i < sizeof(in); i++)
+			in[i] = (unsigned char)(i * 7 % 251);
+		n = ZSTD_compress(out, sizeof(out), in, sizeof(in), 3);
+		CHECK(!ZSTD_isError(n) && n > 40);
+		m = (struct membuf){0};
+		mb_put(&m, out, n - 20);
+		CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true,
+					   &idx, err, sizeof(err)),
+			 -EBADMSG);
+		CHECK(strstr(err, "cut short") != NULL);
+		free(m.p);
+	}
 }
 
 
