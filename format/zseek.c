@@ -656,15 +656,21 @@ int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 	unsigned long long fcs = ZSTD_getFrameContentSize(src, fr->c_size);
 	size_t r;
 
-	/* the frame says its size, and the table another: the table lies,
-	 * and every offset it gives past this frame is wrong too */
+	/*
+	 * An entry that is one frame whose header says its size, and the
+	 * table another: the table lies, and every offset it gives past this
+	 * frame is wrong too.  (An entry may also be a skippable frame and a
+	 * frame, or several frames: those are judged by what they decode to.)
+	 */
 	if (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != ZSTD_CONTENTSIZE_ERROR &&
-	    fcs != fr->d_size)
+	    fcs != fr->d_size && !ZSTD_isSkippableFrame(src, fr->c_size) &&
+	    ZSTD_findFrameCompressedSize(src, fr->c_size) == fr->c_size)
 		return -EUCLEAN;
 	r = ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
-
-	if (ZSTD_isError(r) || r != fr->d_size)
+	if (ZSTD_isError(r))
 		return -EBADMSG;
+	if (r != fr->d_size) /* whole, and shorter than the table says */
+		return -EUCLEAN;
 	if (check && (uint32_t)XXH64(dst, fr->d_size, 0) != fr->checksum)
 		return -EBADMSG;
 	return 0;

@@ -455,7 +455,11 @@ static int check_single(const char *path, char *err, size_t errlen)
 		return -errno;
 	}
 	n = pread(fd, b, sizeof(b), 0);
+	if (n < 0)
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 	close(fd);
+	if (n < 0)
+		return -EIO;
 	if (n == 0)
 		return 0;
 	m = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
@@ -465,8 +469,7 @@ static int check_single(const char *path, char *err, size_t errlen)
 	     (m & ZSEEK_SKIPPABLE_MASK) == ZSEEK_SKIPPABLE_START))
 		return 0;
 	snprintf(err, errlen, "%s: not zstd data (%s)", path,
-		 n < 0 ? strerror(errno)
-		 : n >= 2 && b[0] == 0x1f && b[1] == 0x8b ? "gzip?"
+		 n >= 2 && b[0] == 0x1f && b[1] == 0x8b ? "gzip?"
 		 : n >= 4 && !memcmp(b, "\xfd" "7zX", 4) ? "xz?"
 		 : n >= 3 && !memcmp(b, "BZh", 3) ? "bzip2?"
 		 : "it does not start with zstd's magic number");

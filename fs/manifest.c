@@ -460,20 +460,19 @@ static int data_file(struct dataset *ds, uint64_t id, struct zfile **out)
 					  : -EIO;
 		if (r && ds->store)
 			zlog_file(path, "%s", why);
-		/* the manifest names it: missing or unreadable, the dataset
-		 * is damaged, which a reader should not take for a file
-		 * removed under it (ENOENT) */
-		if (!ds->store && (r == -ENOENT || r == -EACCES ||
-				   r == -EPERM)) {
-			zlog_file(path, "%s: the dataset is damaged, and the "
-					"files stored in it read as EIO",
-				  strerror(-r));
-			r = -EIO;
-		}
 		if (!dataset_unchanged(ds)) {
 			if (!r)
 				zfile_put(d->f);
 			d->f = NULL;
+			r = -EIO;
+		} else if (!ds->store && (r == -ENOENT || r == -EACCES ||
+					  r == -EPERM)) {
+			/* the manifest names it: missing or unreadable, the
+			 * dataset is damaged, which a reader should not take
+			 * for a file removed under it (ENOENT) */
+			zlog_file(path, "%s: the dataset is damaged, and the "
+					"files stored in it read as EIO",
+				  strerror(-r));
 			r = -EIO;
 		}
 	}

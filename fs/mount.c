@@ -79,6 +79,13 @@ static int opt_proc(void *data, const char *arg, int key,
 			pc->opt->dataset = strdup(arg);
 			return 0;
 		}
+		if (pc->nonopts > 2) {
+			if (asprintf(&pc->error, "one DATASET and one "
+						 "MOUNTPOINT, then '%s'? "
+						 "(try -h)", arg) < 0)
+				pc->error = NULL;
+			return -1;
+		}
 		pc->mountpoint = arg;
 		return 1; /* the mountpoint: libfuse takes it */
 	case FUSE_OPT_KEY_OPT:

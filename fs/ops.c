@@ -473,8 +473,15 @@ static void open_data(fuse_req_t req, struct dataset *ds,
 		      struct fuse_file_info *fi, struct znode *n,
 		      struct zfile *f, uint64_t base, uint64_t size)
 {
-	struct zfile_handle *h = calloc(1, sizeof(*h));
+	struct zfile_handle *h = NULL;
 
+	/* its seek table was caught lying (backing.c): no new opens */
+	if (f && atomic_load(&f->table_lies)) {
+		zfile_put(f);
+		fuse_reply_err(req, EIO);
+		return;
+	}
+	h = calloc(1, sizeof(*h));
 	if (!h) {
 		if (f)
 			zfile_put(f);
@@ -639,6 +646,12 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	}
 	if (size > h->h.size - (uint64_t)off)
 		size = (size_t)(h->h.size - (uint64_t)off);
+	/* not even what zfolio's cache holds: it may hold bytes filled from
+	 * the wrong place before the table was caught */
+	if (atomic_load(&h->h.file->table_lies)) {
+		fuse_reply_err(req, EIO);
+		return;
+	}
 	g = group_for_request(&ds->cache.budget, ctx->uid, ctx->pid);
 	if (ds->opt->cache == CACHE_KERNEL) {
 		read_tiered(req, ds, h, g, w, ino, size, off);
@@ -854,12 +867,11 @@ static void zf_init(void *userdata, struct fuse_conn_info *conn)
 	/*
 	 * A manifest has every entry's attributes at hand: readdirplus for
 	 * every part of a listing, not the kernel's guess (plus for the first
-	 * part, then only after a lookup in between), which left find, du,
-	 * tar, ls -l a LOOKUP per entry past the first part: `find -printf`
-	 * over 30,000 files in 30 directories, caches dropped, 0.80 s ->
-	 * 0.15 s; 200,000 in one, 13-28 s -> 0.7-1.1 s.  A bare `ls -f` of
-	 * those 200,000 pays for it: 0.17 -> 0.6 s.  A tree's attributes cost
-	 * a look into each .zst: there the kernel guesses.
+	 * part, then only after a lookup in between), which left find, du
+	 * and tar a LOOKUP per entry past the first part; a bare `ls -f`
+	 * pays for attributes it does not use (doc/BENCHMARKS.md, section
+	 * 8).  A tree's attributes cost a look into each .zst: there the
+	 * kernel guesses.
 	 */
 	if (ds->mf)
 		conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;

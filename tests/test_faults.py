@@ -215,9 +215,9 @@ def test_corrupt():
         with open(z, "r+b") as f:
             c_off, c_size = frames[3]["c_off"], frames[3]["c_size"]
             f.seek(c_off + c_size // 2)
-            b = f.read(1)
+            orig = f.read(1)
             f.seek(c_off + c_size // 2)
-            f.write(bytes([b[0] ^ 0x5A]))
+            f.write(bytes([orig[0] ^ 0x5A]))
             # frame 7's checksum in the table (3rd field of its entry)
             f.seek(entries + 12 * 7 + 8)
             ck = struct.unpack("<I", f.read(4))[0]
@@ -252,22 +252,33 @@ def test_corrupt():
         # (never bytes from the wrong place), and the log says the table
         with open(z, "r+b") as f:
             f.seek(c_off + c_size // 2)
-            f.write(b)  # frame 3 decodes again
+            f.write(orig)  # frame 3 decodes again
             f.seek(entries + 12 * 7 + 8)
             f.write(struct.pack("<I", ck))  # frame 7's checksum again
+        with Mount(dst, d + "/mnt", "budget=8M") as m:
+            check(all(r == "ok" for r in read_frames(d + "/mnt/f", data).values()),
+                  "the file is not whole again")
+        with open(z, "r+b") as f:
             f.seek(entries + 12 * 3 + 4)
             f.write(struct.pack("<I", FRAME - 10))
         with Mount(dst, d + "/mnt", "budget=8M,cache=engine") as m:
             fd = os.open(d + "/mnt/f", os.O_RDONLY)
             try:
+                # frame 6 first: filled from the wrong place, unknowingly
+                os.pread(fd, 16, 6 * FRAME + 100)
                 for i in (3, 6, 0):
                     try:
-                        got = os.pread(fd, 16, (i * FRAME + 100) if i != 3 else 3 * FRAME + 100)
+                        got = os.pread(fd, 16, i * FRAME + 100)
                         fail("frame %d read %r after the table was caught" % (i, got))
                     except OSError as e:
                         check(e.errno == errno.EIO, "frame %d: %s" % (i, e))
             finally:
                 os.close(fd)
+            try:
+                open(d + "/mnt/f", "rb").close()
+                fail("opened after the table was caught")
+            except OSError as e:
+                check(e.errno == errno.EIO, "open after: %s" % e)
             check("the seek table gives the frame at offset %d a size its header does not"
                   % c_off in m.output(), "the message: %r" % m.output())
         # a seek table that lies: a clear error at open, the mount lives on

@@ -396,6 +396,35 @@ static void test_corrupt_frame(void)
 		r = zseek_decode_frame(d, &fr, true, m.p + fr.c_off, got);
 		CHECK_EQ(r, i == 2 ? -EUCLEAN : 0);
 	}
+	/* entries that are not one frame, as other writers may make them:
+	 * a skippable frame then a frame, and two frames; judged by what
+	 * they decode to */
+	{
+		unsigned char in[3000], z[2][ZSTD_COMPRESSBOUND(3000) + 12];
+		unsigned char out[6010];
+		size_t n0, n1;
+		struct zseek_frame fr = {0};
+
+		for (size_t i = 0; i < sizeof(in); i++)
+			in[i] = (unsigned char)(i % 13);
+		/* skippable: magic, 4-byte size, 4 bytes of payload */
+		memcpy(z[0], "\x50\x2a\x4d\x18\x04\0\0\0abcd", 12);
+		n0 = ZSTD_compress(z[0] + 12, sizeof(z[0]) - 12, in, 3000, 3);
+		CHECK(!ZSTD_isError(n0));
+		fr.c_size = 12 + n0;
+		fr.d_size = 3000;
+		CHECK_EQ(zseek_decode_frame(d, &fr, false, z[0], out), 0);
+		n1 = ZSTD_compress(z[1], sizeof(z[1]), in, 3000, 3);
+		CHECK(!ZSTD_isError(n1));
+		memcpy(z[0], z[1], n1);
+		memcpy(z[0] + n1, z[1], n1);
+		fr.c_size = 2 * n1;
+		fr.d_size = 6000;
+		CHECK_EQ(zseek_decode_frame(d, &fr, false, z[0], out), 0);
+		fr.d_size = 6010; /* decodes whole, to less than said */
+		CHECK_EQ(zseek_decode_frame(d, &fr, false, z[0], out),
+			 -EUCLEAN);
+	}
 	zseek_index_free(&idx);
 	ZSTD_freeDCtx(d);
 	free(m.p);

@@ -126,6 +126,8 @@ char *join(const char *dir, const char *name);
 double now_s(const struct timespec *t0);
 void draw_progress(struct packer *pk, bool final);
 void write_all(int fd, const void *buf, size_t len, const char *path);
+/* Hard links: the bucket of a file's (device, inode) in a table of n. */
+unsigned long inode_bucket(const struct stat *st, unsigned long n);
 void read_all(int fd, void *buf, size_t len, off_t off, const char *path);
 /* how many files read_all() found shorter than they were said to be */
 unsigned int files_changed(void);

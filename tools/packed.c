@@ -333,9 +333,7 @@ static struct place_in_data data_write(struct packed *p, int fd,
 
 static struct hardlink **hardlink_slot(struct packed *p, const struct stat *st)
 {
-	uint64_t h = (uint64_t)st->st_ino * 0x9E3779B97F4A7C15ull ^
-		     (uint64_t)st->st_dev;
-	struct hardlink **pp = &p->links[(h >> 40) % HARDLINK_BUCKETS];
+	struct hardlink **pp = &p->links[inode_bucket(st, HARDLINK_BUCKETS)];
 
 	while (*pp && ((*pp)->dev != st->st_dev || (*pp)->ino != st->st_ino))
 		pp = &(*pp)->next;

@@ -165,6 +165,14 @@ void write_all(int fd, const void *buf, size_t len, const char *path)
 	}
 }
 
+unsigned long inode_bucket(const struct stat *st, unsigned long buckets)
+{
+	uint64_t h = (uint64_t)st->st_ino * 0x9E3779B97F4A7C15ull ^
+		     (uint64_t)st->st_dev;
+
+	return (unsigned long)((h >> 40) % buckets);
+}
+
 /* Files that were shorter when read than fstatat said, the last named. */
 static unsigned int changed_files;
 static char changed_last[PATH_MAX];
@@ -364,7 +372,7 @@ static void job_queued(struct packer *pk, struct outfile *of, size_t len)
  * Whether the len bytes of fd at of->read_off are in a hole, and so read as
  * zeros: reading them would have the kernel zero page cache for them, page
  * by page, and copy it out (a 6 GiB sparse file: 19 s of system time).
- * What lseek() finds is kept, so a file without holes costs two calls.
+ * What lseek() finds is kept; a file without holes costs one fstat().
  * A file system without SEEK_DATA says all is data.
  */
 static bool in_hole(struct outfile *of, int fd, size_t len)
@@ -376,6 +384,14 @@ static bool in_hole(struct outfile *of, int fd, size_t len)
 		return false;
 	if (end <= of->hole_end)
 		return true;
+	/* only a file with fewer blocks than its size has holes (as cp
+	 * decides): a dense one is read, whatever SEEK_DATA would say */
+	if (off == 0 &&
+	    (fstat(fd, &st) ||
+	     (uint64_t)st.st_blocks * 512 >= (uint64_t)st.st_size)) {
+		of->data_end = (off_t)INT64_MAX;
+		return false;
+	}
 	d = lseek(fd, off, SEEK_DATA);
 	if (d < 0 && errno == ENXIO) {
 		/* no data from off on: a hole to the end, or the file shrank

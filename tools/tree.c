@@ -76,9 +76,8 @@ static struct tree_link *tree_links[TREE_LINK_BUCKETS];
 
 static struct tree_link **tree_link_slot(const struct stat *st)
 {
-	uint64_t h = (uint64_t)st->st_ino * 0x9E3779B97F4A7C15ull ^
-		     (uint64_t)st->st_dev;
-	struct tree_link **pp = &tree_links[(h >> 40) % TREE_LINK_BUCKETS];
+	struct tree_link **pp =
+		&tree_links[inode_bucket(st, TREE_LINK_BUCKETS)];
 
 	while (*pp && ((*pp)->dev != st->st_dev || (*pp)->ino != st->st_ino))
 		pp = &(*pp)->next;
