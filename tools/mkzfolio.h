@@ -147,6 +147,9 @@ int set_times(int dirfd, const char *name, const struct stat *st, int flags);
 struct outfile *outfile_create(int dirfd, const char *name, const char *path,
 			       uint32_t nframes);
 void outfile_seal(struct packer *pk, struct outfile *of);
+/* The source of of's frames, as fstatat gave it: whether to look for
+ * holes in it. */
+void outfile_source(struct outfile *of, const struct stat *st);
 void finish_file(struct packer *pk, struct outfile *of);
 void run_batch(struct packer *pk);
 void queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,

@@ -313,13 +313,15 @@ static struct place_in_data pack_append(struct packed *p, int fd,
 
 /* A big file: a data file of its own, frame by frame. */
 static struct place_in_data data_write(struct packed *p, int fd,
-				       uint64_t size, const char *spath)
+				       const struct stat *st, const char *spath)
 {
 	struct packer *pk = p->pk;
+	uint64_t size = (uint64_t)st->st_size;
 	uint32_t nframes = (uint32_t)((size + pk->frame - 1) / pk->frame);
 	struct place_in_data d = {true, p->next_id++, 0};
 	struct outfile *of = data_create(p, d.id, nframes);
 
+	outfile_source(of, st);
 	for (uint64_t left = size; left;) {
 		size_t len = left < pk->frame ? (size_t)left : pk->frame;
 
@@ -373,7 +375,7 @@ static struct place_in_data file_data(struct packed *p, int dirfd,
 		if ((uint64_t)st->st_size <= p->pk->small)
 			d = pack_append(p, fd, (size_t)st->st_size, spath);
 		else
-			d = data_write(p, fd, (uint64_t)st->st_size, spath);
+			d = data_write(p, fd, st, spath);
 		close(fd);
 		p->bytes += (uint64_t)st->st_size;
 	}

@@ -372,7 +372,8 @@ static void job_queued(struct packer *pk, struct outfile *of, size_t len)
  * Whether the len bytes of fd at of->read_off are in a hole, and so read as
  * zeros: reading them would have the kernel zero page cache for them, page
  * by page, and copy it out (a 6 GiB sparse file: 19 s of system time).
- * What lseek() finds is kept; a file without holes costs one fstat().
+ * What lseek() finds is kept; a file without holes (outfile_source())
+ * costs nothing.
  * A file system without SEEK_DATA says all is data.
  */
 static bool in_hole(struct outfile *of, int fd, size_t len)
@@ -384,14 +385,6 @@ static bool in_hole(struct outfile *of, int fd, size_t len)
 		return false;
 	if (end <= of->hole_end)
 		return true;
-	/* only a file with fewer blocks than its size has holes (as cp
-	 * decides): a dense one is read, whatever SEEK_DATA would say */
-	if (off == 0 &&
-	    (fstat(fd, &st) ||
-	     (uint64_t)st.st_blocks * 512 >= (uint64_t)st.st_size)) {
-		of->data_end = (off_t)INT64_MAX;
-		return false;
-	}
 	d = lseek(fd, off, SEEK_DATA);
 	if (d < 0 && errno == ENXIO) {
 		/* no data from off on: a hole to the end, or the file shrank
@@ -412,6 +405,14 @@ static bool in_hole(struct outfile *of, int fd, size_t len)
 	h = lseek(fd, d, SEEK_HOLE);
 	of->data_end = h > off ? h : (off_t)INT64_MAX;
 	return false;
+}
+
+/* Only a file with fewer blocks than its size has holes (as cp decides):
+ * a dense one is read, whatever SEEK_DATA would say. */
+void outfile_source(struct outfile *of, const struct stat *st)
+{
+	if ((uint64_t)st->st_blocks * 512 >= (uint64_t)st->st_size)
+		of->data_end = (off_t)INT64_MAX;
 }
 
 /* The frame of pk->frame zeros, compressed as any frame would be. */

@@ -41,6 +41,7 @@ static struct outfile *outfile_open(struct packer *pk, const struct place *dst,
 	of = outfile_create(dst->fd, zname, path, nframes);
 	of->st = e->st;
 	of->keep_meta = true;
+	outfile_source(of, &e->st);
 	free(zname);
 	free(path);
 	return of;
