@@ -206,6 +206,84 @@ int ctl_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
 	return 0;
 }
 
+/*
+ * Control files where the kernel opens files itself (ds->kernel_opens,
+ * ops.c): with no open there is no handle to hold the text, and reads go
+ * through the page cache, which reads no further than the size stat gave.
+ * So the text is made at each lookup (every open by path is one: these
+ * entries time out at once), stat gives its size and the time it was made
+ * (a new time drops what the page cache held, auto_inval_data), and reads
+ * are served from it: a program that opens and reads gets one text, as
+ * from a handle.  Two programs opening the same file at the same moment
+ * may each read part of the other's.  The kernel keeps directory listings
+ * too, as long as the directory's time stays: a control directory gets a
+ * new time at each stat, so a listing shows the groups there are now.
+ */
+/* A new time for n, after its last even within the clock's resolution. */
+static void time_bump(struct znode *n)
+{
+	struct timespec now, was = n->ctl_time;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	if (now.tv_sec < was.tv_sec ||
+	    (now.tv_sec == was.tv_sec && now.tv_nsec <= was.tv_nsec)) {
+		now = was;
+		if (++now.tv_nsec == 1000000000L) {
+			now.tv_sec++;
+			now.tv_nsec = 0;
+		}
+	}
+	n->ctl_time = now;
+}
+
+static void text_make(struct dataset *ds, struct znode *n)
+{
+	char *buf;
+	size_t len;
+
+	if (ctl_read(ds, n, &buf, &len)) {
+		buf = NULL;
+		len = 0;
+	}
+	free(n->ctl_text);
+	n->ctl_text = buf;
+	n->ctl_len = len;
+	time_bump(n);
+}
+
+void ctl_text_new(struct dataset *ds, struct znode *n)
+{
+	pthread_mutex_lock(&n->lock);
+	text_make(ds, n);
+	pthread_mutex_unlock(&n->lock);
+}
+
+/* [off, off + size) of the text, in a copy the caller frees. */
+int ctl_text_read(struct dataset *ds, struct znode *n, uint64_t off,
+		  size_t size, char **copy, size_t *len)
+{
+	int r = 0;
+
+	*copy = NULL;
+	*len = 0;
+	if (!ctl_files[n->ctl_id].read)
+		return -EACCES;
+	pthread_mutex_lock(&n->lock);
+	if (!n->ctl_text)
+		text_make(ds, n);
+	if (off < n->ctl_len) {
+		*len = n->ctl_len - (size_t)off < size ? n->ctl_len - (size_t)off
+						       : size;
+		*copy = malloc(*len);
+		if (*copy)
+			memcpy(*copy, n->ctl_text + off, *len);
+		else
+			r = -ENOMEM;
+	}
+	pthread_mutex_unlock(&n->lock);
+	return r;
+}
+
 void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st)
 {
 	memset(st, 0, sizeof(*st));
@@ -221,6 +299,16 @@ void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st)
 		st->st_nlink = 1;
 		st->st_size = 0; /* generated when read, like cgroupfs */
 	}
+	if (!atomic_load(&ds->kernel_opens))
+		return;
+	pthread_mutex_lock(&n->lock);
+	if (n->kind == ZN_CTL_DIR)
+		time_bump(n); /* its groups come and go: see ctl_text_new() */
+	else if (!n->ctl_text)
+		text_make(ds, n);
+	st->st_size = (off_t)n->ctl_len;
+	st->st_mtim = st->st_ctim = n->ctl_time;
+	pthread_mutex_unlock(&n->lock);
 }
 
 int ctl_read(struct dataset *ds, struct znode *n, char **buf, size_t *len)

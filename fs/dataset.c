@@ -232,6 +232,9 @@ struct znode *dataset_lookup(struct dataset *ds, struct znode *parent,
 	char *path;
 
 	if (lookup_ctl(ds, parent, name, &n, err)) {
+		if (!*err && n->kind == ZN_CTL_FILE &&
+		    atomic_load(&ds->kernel_opens))
+			ctl_text_new(ds, n); /* an open by path: see ctl.c */
 		if (!*err)
 			ctl_stat(ds, n, st);
 		return *err ? NULL : n;

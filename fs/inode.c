@@ -124,6 +124,7 @@ void znode_free(struct znode *n)
 	if (n->file)
 		zfile_put(n->file);
 	pthread_mutex_destroy(&n->lock);
+	free(n->ctl_text);
 	free(n->path);
 	free(n);
 }

@@ -61,6 +61,7 @@ struct options {
 	bool foreground;
 	bool debug;
 	bool nonempty; /* -o nonempty: the mountpoint may hold entries */
+	bool read_only; /* -o ro (the last of ro and rw given wins) */
 };
 
 enum opt_type { OPT_SIZE, OPT_SIZE_MAX, OPT_UINT, OPT_BOOL, OPT_ENUM,
@@ -193,6 +194,10 @@ struct znode {
 	/* control files */
 	struct group *group;
 	int ctl_id;
+	/* with kernel_opens: the text reads get, made at each lookup */
+	char *ctl_text;
+	size_t ctl_len;
+	struct timespec ctl_time; /* when it was made: its mtime */
 	struct znode *ctl_next; /* on ds->ctl_nodes */
 	struct cds_list_head file_lru; /* on ds->file_lru while file is set */
 };
@@ -243,6 +248,8 @@ struct dataset {
 	uid_t owner;
 	struct fuse_session *se;
 	double attr_timeout;
+	/* the kernel opens files itself: no OPEN or RELEASE (ops.c) */
+	atomic_bool kernel_opens;
 	pthread_mutex_t handles_lock;
 	struct cds_list_head handles; /* open handles, see ops.c */
 	/* a tree's inodes with an index, oldest use first (inode.c) */
@@ -488,6 +495,9 @@ int ctl_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
 	     size_t *n);
 void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st);
 int ctl_read(struct dataset *ds, struct znode *n, char **buf, size_t *len);
+void ctl_text_new(struct dataset *ds, struct znode *n);
+int ctl_text_read(struct dataset *ds, struct znode *n, uint64_t off,
+		  size_t size, char **copy, size_t *len);
 int ctl_write(struct dataset *ds, struct znode *n, const char *buf,
 	      size_t len);
 /* Control directory dir's file name written with value (ZF_IOC_CTL_WRITE). */

@@ -100,6 +100,10 @@ static int opt_proc(void *data, const char *arg, int key,
 				pc->error = NULL;
 			return -1;
 		}
+		/* the kernel's: zfolio serves files differently on a
+		 * read-only mount (ops.c, kernel_opens) */
+		if (strcmp(arg, "ro") == 0 || strcmp(arg, "rw") == 0)
+			pc->opt->read_only = arg[1] == 'o';
 		/* fuse2's, gone from libfuse 3: zfolio checks it itself */
 		if (strcmp(arg, "nonempty") == 0) {
 			pc->opt->nonempty = true;

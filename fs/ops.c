@@ -52,6 +52,24 @@ struct zfile_handle {
 	struct zhandle h;
 };
 
+/* What a listing of ino reads from: the manifest, or the names now. */
+static int dir_list(struct dataset *ds, fuse_ino_t ino, struct dir_handle *h)
+{
+	h->in_manifest =
+		ds->mf && (ino == FUSE_ROOT_ID || manifest_ino(ds, ino));
+	if (h->in_manifest)
+		return manifest_opendir(ds, ino, &h->md);
+	return dataset_list(ds, znode_of(ds, ino), &h->e, &h->n);
+}
+
+static void dir_unlist(struct dir_handle *h)
+{
+	if (h->in_manifest)
+		manifest_closedir(&h->md);
+	else
+		dataset_list_free(h->e, h->n);
+}
+
 static void handle_track(struct dataset *ds, struct handle_hdr *h,
 			 enum handle_kind kind)
 {
@@ -70,10 +88,7 @@ static void handle_free(struct dataset *ds, struct handle_hdr *h)
 	case H_DIR: {
 		struct dir_handle *d = (struct dir_handle *)h;
 
-		if (d->in_manifest)
-			manifest_closedir(&d->md);
-		else
-			dataset_list_free(d->e, d->n);
+		dir_unlist(d);
 		break;
 	}
 	case H_CTL:
@@ -285,19 +300,21 @@ static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
 	struct dataset *ds = ds_of(req);
-	struct dir_handle *h = calloc(1, sizeof(*h));
+	struct dir_handle *h;
 	int err;
 
+	/* as for files (zf_init): the kernel keeps listings itself, and a
+	 * listing is read by inode (readdir_common()) */
+	if (atomic_load(&ds->kernel_opens)) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	h = calloc(1, sizeof(*h));
 	if (!h) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	h->in_manifest =
-		ds->mf && (ino == FUSE_ROOT_ID || manifest_ino(ds, ino));
-	if (h->in_manifest)
-		err = manifest_opendir(ds, ino, &h->md);
-	else
-		err = dataset_list(ds, znode_of(ds, ino), &h->e, &h->n);
+	err = dir_list(ds, ino, h);
 	if (err) {
 		free(h);
 		fuse_reply_err(req, -err);
@@ -306,6 +323,9 @@ static void zf_opendir(fuse_req_t req, fuse_ino_t ino,
 	handle_track(ds, &h->hdr, H_DIR);
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->cache_readdir = manifest_ino(ds, ino) || !is_ctl(znode_of(ds, ino));
+	/* a manifest's directory never changes: its listing stays cached
+	 * across opens (without keep_cache each open drops it) */
+	fi->keep_cache = h->in_manifest;
 	fuse_reply_open(req, fi);
 }
 
@@ -378,6 +398,7 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
 {
 	struct dataset *ds = ds_of(req);
 	struct dir_handle *h = (struct dir_handle *)(uintptr_t)fi->fh;
+	struct dir_handle unopened = {0};
 	char *buf = malloc(size);
 	struct dir_reply r = {req, ds, ino, plus, buf, size};
 	size_t i = off < 0 ? 0 : (size_t)off;
@@ -386,6 +407,16 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size,
 	if (!buf) {
 		fuse_reply_err(req, ENOMEM);
 		return;
+	}
+	/* opened by the kernel itself (kernel_opens): listed for this part */
+	if (!h) {
+		h = &unopened;
+		err = dir_list(ds, ino, h);
+		if (err) {
+			free(buf);
+			fuse_reply_err(req, -err);
+			return;
+		}
 	}
 	for (; i < 2; i++)
 		if (!reply_entry(&r, i ? ".." : ".", S_IFDIR, ino, NULL, NULL,
@@ -407,6 +438,8 @@ out:
 	else
 		fuse_reply_buf(req, buf, size - r.rem);
 	free(buf);
+	if (h == &unopened)
+		dir_unlist(h);
 }
 
 static void zf_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -516,6 +549,11 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	uint64_t base, size;
 	int err;
 
+	/* the kernel opens files itself from now on: see zf_init() */
+	if (atomic_load(&ds->kernel_opens)) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
 	if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
 		n = manifest_ino(ds, ino) ? NULL : znode_of(ds, ino);
 		if (n && n->kind == ZN_CTL_FILE)
@@ -621,20 +659,14 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 	cache_read(&w->rq.rq, reply_iov, req);
 }
 
-static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		    struct fuse_file_info *fi)
+static void read_data(fuse_req_t req, struct dataset *ds,
+		      struct zfile_handle *h, fuse_ino_t ino, size_t size,
+		      off_t off, struct fuse_file_info *fi)
 {
-	struct dataset *ds = ds_of(req);
-	struct zfile_handle *h = (struct zfile_handle *)(uintptr_t)fi->fh;
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	struct worker *w = current_worker;
 	struct group *g;
 
-	(void)ino;
-	if (h->hdr.kind == H_CTL) {
-		read_ctl(req, (struct ctl_handle *)h, size, off);
-		return;
-	}
 	if (off < 0 || !w) {
 		fuse_reply_err(req, EINVAL);
 		return;
@@ -664,6 +696,66 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	w->rq.rq.fill = w->rq.rq.fault;
 	cache_read(&w->rq.rq, reply_iov, req);
 }
+
+/*
+ * A read of a file the kernel opened itself (kernel_opens): no handle, the
+ * file is found by its inode, and holds a reference for this read only.
+ */
+static void read_unopened(fuse_req_t req, struct dataset *ds, fuse_ino_t ino,
+			  size_t size, off_t off, struct fuse_file_info *fi)
+{
+	struct zfile_handle h = {0};
+	struct znode *n;
+	size_t len;
+	char *copy;
+	int err;
+
+	if (off < 0) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	if (manifest_ino(ds, ino)) {
+		err = manifest_open_file(ds, ino, &h.h.file, &h.h.base,
+					 &h.h.size);
+		if (err) {
+			fuse_reply_err(req, -err);
+			return;
+		}
+		read_data(req, ds, &h, ino, size, off, fi);
+		if (h.h.file)
+			zfile_put(h.h.file);
+		return;
+	}
+	n = znode_of(ds, ino);
+	if (n->kind != ZN_CTL_FILE) {
+		fuse_reply_err(req, EIO);
+		return;
+	}
+	err = ctl_text_read(ds, n, (uint64_t)off, size, &copy, &len);
+	if (err)
+		fuse_reply_err(req, -err);
+	else
+		fuse_reply_buf(req, copy, len);
+	free(copy);
+}
+
+static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct zfile_handle *h = (struct zfile_handle *)(uintptr_t)fi->fh;
+
+	if (!h) {
+		read_unopened(req, ds, ino, size, off, fi);
+		return;
+	}
+	if (h->hdr.kind == H_CTL) {
+		read_ctl(req, (struct ctl_handle *)h, size, off);
+		return;
+	}
+	read_data(req, ds, h, ino, size, off, fi);
+}
+
 
 static void zf_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
 		     size_t size, off_t off, struct fuse_file_info *fi)
@@ -864,6 +956,27 @@ static void zf_init(void *userdata, struct fuse_conn_info *conn)
 	if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
 		conn->want |= FUSE_CAP_CACHE_SYMLINKS;
 	conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+	/*
+	 * A packed dataset on a read-only mount with the kernel tier: files
+	 * need no open of zfolio's.  OPEN answered ENOSYS (zf_open) tells the
+	 * kernel to open files itself from then on, keeping their page cache,
+	 * and to send neither OPEN nor RELEASE: two round trips less for
+	 * every file opened, and a warm file is read with none
+	 * (doc/BENCHMARKS.md, section 8).  A read finds its file by inode.
+	 * On a rw mount an open for writing must still be refused; a tree's
+	 * files are checked for change at open; a store's are read ahead per
+	 * open file: they all keep their opens.  Control files then have no
+	 * handle either: ctl.c makes their text at lookup, and their time
+	 * changes with it, which drops their cached pages (auto_inval_data;
+	 * a manifest's attributes never change).
+	 */
+	atomic_store(&ds->kernel_opens,
+		     ds->mf && !ds->store && ds->opt->read_only &&
+		     ds->opt->cache == CACHE_KERNEL &&
+		     (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) &&
+		     (conn->capable & FUSE_CAP_AUTO_INVAL_DATA));
+	if (atomic_load(&ds->kernel_opens))
+		conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
 	/*
 	 * A manifest has every entry's attributes at hand: readdirplus for
 	 * every part of a listing, not the kernel's guess (plus for the first

@@ -9,6 +9,7 @@ read with the daemon at 256 open files and its RSS within budget + 32 MiB.
 ZF_TREE_FILES sets the size of the many-files tree (default 40000: CI; the
 million-file run is bench/manyfiles).
 """
+import errno
 import hashlib
 import os
 import random
@@ -360,6 +361,104 @@ def test_plus():
             asked = lookups(m) - before
             print("%d lookups for a walk of %d entries" % (asked, len(want)))
             check(asked <= 3, "%d lookups for a walk of %d entries" % (asked, len(want)))
+
+
+def opcodes(m, op):
+    """How many op requests the daemon took so far (its -d trace)."""
+    return m.output().count("opcode: %s " % op)
+
+
+def tar_sum(root):
+    r = subprocess.run("tar -C '%s' --sort=name --numeric-owner -cf - . | sha256sum" % root,
+                       shell=True, capture_output=True, check=True)
+    return r.stdout.split()[0]
+
+
+def test_kopens():
+    """A packed dataset on a read-only mount with the kernel tier: the
+    kernel opens files and directories itself (one OPEN and one OPENDIR
+    answered ENOSYS, then none, and no RELEASE), reads find their file by
+    inode, and a second walk of what stayed cached asks the daemon for
+    nothing; control files are fresh at every open; a rw mount keeps its
+    opens."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src = d + "/src"
+        files = make_tree(src)
+        for k in range(40):
+            os.makedirs("%s/many/d%d" % (src, k % 8), exist_ok=True)
+            with open("%s/many/d%d/f%d" % (src, k % 8, k), "wb") as f:
+                f.write(text_bytes(100 + 997 * k, k))
+        pack(src, d + "/packed")
+        want = tar_sum(src)
+        with Mount(d + "/packed", d + "/mnt", "ro", extra=("-d",)) as m:
+            check(tar_sum(m.mnt) == want, "tar of the ro mount differs from the source's")
+            for rel, data in files.items():
+                with open(os.path.join(m.mnt, rel), "rb") as f:
+                    check(f.read() == data, "%s differs" % rel)
+            counts = {op: opcodes(m, op) for op in ("OPEN", "OPENDIR", "RELEASE",
+                                                    "RELEASEDIR", "READ", "READDIRPLUS")}
+            print("first walk: %s" % counts)
+            check(counts["OPEN"] == 1 and counts["OPENDIR"] == 1,
+                  "opens reached the daemon: %s" % counts)
+            check(counts["RELEASE"] == 0 and counts["RELEASEDIR"] == 0,
+                  "releases reached the daemon: %s" % counts)
+            check(tar_sum(m.mnt) == want, "a second tar differs")
+            again = {op: opcodes(m, op) - counts[op] for op in counts}
+            print("second walk: %s" % again)
+            check(not any(again.values()), "the warm walk asked the daemon: %s" % again)
+            # mmap reads by inode too
+            import mmap
+            with open(os.path.join(m.mnt, "big/mixed.dat"), "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+                check(mm[:] == files["big/mixed.dat"], "mmap of big/mixed.dat differs")
+                mm.close()
+
+            # control files: a new text at every open, read whole or in bits
+            ctl = os.path.join(m.mnt, ".zfolio")
+            check("memory.max" in os.listdir(ctl), "no memory.max: %s" % os.listdir(ctl))
+            for value in ("104857600", "209715200"):
+                r = subprocess.run([ZFOLIOCTL, "set", m.mnt, "max", value],
+                                   capture_output=True, text=True)
+                check(r.returncode == 0, "zfolioctl set: " + r.stderr)
+                check(m.ctl("memory.max") == value + "\n",
+                      "memory.max reads %r after set %s" % (m.ctl("memory.max"), value))
+                check(os.stat(ctl + "/memory.max").st_size == len(value) + 1,
+                      "memory.max's size is not its text's")
+            before = int(m.ctl("memory.current"))
+            subprocess.run(["ls", "-lR", ctl], capture_output=True, check=True)
+            r = subprocess.run([ZFOLIOCTL, "reclaim", m.mnt, "8M"], capture_output=True,
+                               text=True)
+            check(r.returncode == 0, "zfolioctl reclaim: " + r.stderr)
+            after = int(m.ctl("memory.current"))
+            check(after < before, "memory.current did not move: %d then %d" % (before, after))
+            with open(ctl + "/memory.stat", "rb") as f:
+                bits = b""
+                while True:
+                    b = f.read(16)
+                    if not b:
+                        break
+                    bits += b
+            lines = bits.decode().splitlines()
+            check(lines and all(len(ln.split()) == 2 and ln.split()[1].isdigit() for ln in lines),
+                  "memory.stat read 16 bytes at a time: %r" % bits[:200])
+            check("file" in m.stat(), "memory.stat has no file line")
+            try:
+                os.open(os.path.join(m.mnt, "a/notes.txt"), os.O_WRONLY)
+                fail("an open for writing succeeded on a ro mount")
+            except OSError as e:
+                check(e.errno == errno.EROFS, "open for writing: %s" % e)
+        # a rw mount keeps its opens (a write must be refused at open)
+        with Mount(d + "/packed", d + "/mnt", extra=("-d",)) as m:
+            with open(os.path.join(m.mnt, "a/notes.txt"), "rb") as f:
+                check(f.read() == files["a/notes.txt"], "a/notes.txt differs on rw")
+            check(opcodes(m, "OPEN") == 1 and opcodes(m, "RELEASE") == 1,
+                  "rw: OPEN %d, RELEASE %d" % (opcodes(m, "OPEN"), opcodes(m, "RELEASE")))
+            try:
+                os.open(os.path.join(m.mnt, "a/notes.txt"), os.O_WRONLY)
+                fail("an open for writing succeeded on a rw mount")
+            except OSError as e:
+                check(e.errno == errno.EROFS, "open for writing (rw): %s" % e)
 
 
 def test_missing():
