@@ -556,6 +556,38 @@ void ktier_forget(struct cache *cache, uint64_t id)
 	pthread_mutex_unlock(&kt->lock);
 }
 
+/*
+ * Every chunk leaves the page cache (queued for the thread to invalidate,
+ * uncharged) but those with a fill in flight, whose pages the fill has
+ * locked (rule 1): for when what the kernel holds may be wrong bytes (a
+ * seek table caught lying, fs/backing.c).  A file's chunks are not told
+ * apart from another's: it is rare, and cheap to fill again.
+ */
+void ktier_evict_all(struct cache *cache)
+{
+	struct ktier *kt = cache->kt;
+	struct kt_file *f;
+
+	if (!kt)
+		return;
+	pthread_mutex_lock(&kt->lock);
+	for (size_t b = 0; b < (1u << KT_HASH_BITS); b++)
+		cds_hlist_for_each_entry_2(f, &kt->hash[b], hnode)
+			for (uint64_t i = 0; i < f->nchunks; i++) {
+				struct kt_chunk *c = f->chunks[i];
+				unsigned int n;
+
+				if (!c || c->pending)
+					continue;
+				n = pages_in(c->pages);
+				kt_unlink(c);
+				stat_mod(c->group, STAT_KERNEL_EVICTED, n);
+				uncharge(c->group, n);
+				kt_queue(kt, c);
+			}
+	pthread_mutex_unlock(&kt->lock);
+}
+
 /* Ranges to drop, adjacent ones of one file merged into one call. */
 struct kt_run {
 	uint64_t id, from, to; /* bytes; empty when from == to */

@@ -857,6 +857,10 @@ static int said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 {
 	if (r == -EUCLEAN) {
 		atomic_store(&f->table_lies, true);
+		/* pages filled from the wrong place may be in the page cache,
+		 * which a read of a file the kernel opened itself reaches
+		 * without asking (kernel_opens): none stays */
+		ktier_evict_all(f->mapping->cache);
 		zlog_file(f->path, "the seek table gives the frame at offset "
 				   "%llu a size its header does not: the "
 				   "table is damaged, and the whole file "

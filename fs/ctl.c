@@ -206,19 +206,6 @@ int ctl_list(struct dataset *ds, struct znode *dir, struct dir_entry **out,
 	return 0;
 }
 
-/*
- * Control files where the kernel opens files itself (ds->kernel_opens,
- * ops.c): with no open there is no handle to hold the text, and reads go
- * through the page cache, which reads no further than the size stat gave.
- * So the text is made at each lookup (every open by path is one: these
- * entries time out at once), stat gives its size and the time it was made
- * (a new time drops what the page cache held, auto_inval_data), and reads
- * are served from it: a program that opens and reads gets one text, as
- * from a handle.  Two programs opening the same file at the same moment
- * may each read part of the other's.  The kernel keeps directory listings
- * too, as long as the directory's time stays: a control directory gets a
- * new time at each stat, so a listing shows the groups there are now.
- */
 /* A new time for n, after its last even within the clock's resolution. */
 static void time_bump(struct znode *n)
 {
@@ -236,17 +223,34 @@ static void time_bump(struct znode *n)
 	n->ctl_time = now;
 }
 
+/*
+ * Control files where the kernel opens files itself (ds->kernel_opens,
+ * ops.c): with no open there is no handle to hold the text, and reads go
+ * through the page cache, which reads no further than the size stat gave.
+ * So the text is made at each lookup of the file (every open by path is
+ * one: these entries time out at once; so are a stat and a listing of the
+ * directory with attributes), stat gives its size and the time it was
+ * made (a new time drops what the page cache held, auto_inval_data), and
+ * reads are served from it: a program that opens and reads gets one text,
+ * as from a handle, unless another program looks the file up meanwhile;
+ * then it may read a part of the other's text (the kernel asks for the
+ * attributes again at each read, so the next read is whole again).  A
+ * text that cannot be made (no memory) leaves the last one.  The kernel
+ * keeps directory listings too, as long as the directory's time stays: a
+ * control directory gets a new time at each stat, which the kernel asks
+ * for before each listing (time-out 0), so a listing shows the groups
+ * there are now.
+ */
 static void text_make(struct dataset *ds, struct znode *n)
 {
-	char *buf;
+	char *buf, *fit;
 	size_t len;
 
-	if (ctl_read(ds, n, &buf, &len)) {
-		buf = NULL;
-		len = 0;
-	}
+	if (!ctl_files[n->ctl_id].read || ctl_read(ds, n, &buf, &len))
+		return;
+	fit = realloc(buf, len ? len : 1); /* not the whole CTL_BUF kept */
 	free(n->ctl_text);
-	n->ctl_text = buf;
+	n->ctl_text = fit ? fit : buf;
 	n->ctl_len = len;
 	time_bump(n);
 }
@@ -303,11 +307,13 @@ void ctl_stat(struct dataset *ds, struct znode *n, struct stat *st)
 		return;
 	pthread_mutex_lock(&n->lock);
 	if (n->kind == ZN_CTL_DIR)
-		time_bump(n); /* its groups come and go: see ctl_text_new() */
+		time_bump(n); /* its groups come and go: see text_make() */
 	else if (!n->ctl_text)
 		text_make(ds, n);
-	st->st_size = (off_t)n->ctl_len;
-	st->st_mtim = st->st_ctim = n->ctl_time;
+	if (n->kind == ZN_CTL_DIR || n->ctl_text) {
+		st->st_size = (off_t)n->ctl_len;
+		st->st_mtim = st->st_ctim = n->ctl_time;
+	}
 	pthread_mutex_unlock(&n->lock);
 }
 

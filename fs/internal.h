@@ -248,7 +248,8 @@ struct dataset {
 	uid_t owner;
 	struct fuse_session *se;
 	double attr_timeout;
-	/* the kernel opens files itself: no OPEN or RELEASE (ops.c) */
+	/* the kernel opens files itself: no OPEN or RELEASE (ops.c); set
+	 * once, at INIT, before any other request */
 	atomic_bool kernel_opens;
 	pthread_mutex_t handles_lock;
 	struct cds_list_head handles; /* open handles, see ops.c */

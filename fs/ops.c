@@ -756,7 +756,6 @@ static void zf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	read_data(req, ds, h, ino, size, off, fi);
 }
 
-
 static void zf_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
 		     size_t size, off_t off, struct fuse_file_info *fi)
 {
@@ -974,6 +973,7 @@ static void zf_init(void *userdata, struct fuse_conn_info *conn)
 		     ds->mf && !ds->store && ds->opt->read_only &&
 		     ds->opt->cache == CACHE_KERNEL &&
 		     (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) &&
+		     (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) &&
 		     (conn->capable & FUSE_CAP_AUTO_INVAL_DATA));
 	if (atomic_load(&ds->kernel_opens))
 		conn->want |= FUSE_CAP_AUTO_INVAL_DATA;

@@ -281,6 +281,43 @@ def test_corrupt():
                 check(e.errno == errno.EIO, "open after: %s" % e)
             check("the seek table gives the frame at offset %d a size its header does not"
                   % c_off in m.output(), "the message: %r" % m.output())
+        # the same lie in a packed dataset on an ro mount, where the kernel
+        # opens files itself and reads what its page cache holds without
+        # asking: once the table is caught, what was filled before leaves
+        # the page cache, and reads of it fail too
+        os.makedirs(d + "/src2")
+        with open(d + "/src2/f", "wb") as f:
+            f.write(data)
+        pack(d + "/src2", d + "/dst2", *AT_FRAME)
+        z2 = d + "/dst2/data/00000000.zst"
+        info2 = inspect_zst(z2)
+        check(info2["frame_list"][:4] == frames[:4], "the packed file's frames differ")
+        with open(z2, "r+b") as f:  # the total kept: the manifest's size
+            f.seek(info2["table_offset"] + 8 + 12 * 3 + 4)
+            f.write(struct.pack("<I", FRAME - 10))
+            f.seek(info2["table_offset"] + 8 + 12 * 4 + 4)
+            f.write(struct.pack("<I", FRAME + 10))
+        with Mount(d + "/dst2", d + "/mnt", "ro,budget=8M") as m:
+            fd = os.open(d + "/mnt/f", os.O_RDONLY)
+            try:
+                os.pread(fd, 16, 6 * FRAME + 100)  # into the page cache
+                try:
+                    os.pread(fd, 16, 3 * FRAME + 100)
+                    fail("frame 3 read with the table lying")
+                except OSError as e:
+                    check(e.errno == errno.EIO, "frame 3: %s" % e)
+                deadline = time.time() + 5
+                while True:
+                    try:
+                        got = os.pread(fd, 16, 6 * FRAME + 100)
+                    except OSError as e:
+                        check(e.errno == errno.EIO, "frame 6 after: %s" % e)
+                        break
+                    check(time.time() < deadline,
+                          "frame 6 still read %r after the table was caught" % got)
+                    time.sleep(0.05)
+            finally:
+                os.close(fd)
         # a seek table that lies: a clear error at open, the mount lives on
         with open(z, "r+b") as f:
             f.seek(-9, 2)
