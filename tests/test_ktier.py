@@ -189,14 +189,21 @@ def test_budget():
             check(st["kernel_file"] + st["file"] <= cur, "memory.current %d does not "
                   "count both tiers (%d + %d)" % (cur, st["kernel_file"], st["file"]))
             # what stays cached is served by the kernel: re-reading it
-            # sends nothing to zfolio
+            # sends nothing to zfolio (twice at most: a window of the
+            # kernel's readahead past it, or an eviction still queued, may
+            # reach the daemon once on a loaded machine)
             with open(os.path.join(m.mnt, "f0"), "rb") as f:
                 f.read(4 * MIB)
-                before = quiet(m)
-                for _ in range(20):
-                    f.seek(0)
-                    check(f.read(4 * MIB) == files["f0"][:4 * MIB], "re-read")
-            check(m.stat()["pgfault"] == before, "page-cache hits reached the daemon")
+                for attempt in range(2):
+                    before = quiet(m)
+                    for _ in range(20):
+                        f.seek(0)
+                        check(f.read(4 * MIB) == files["f0"][:4 * MIB], "re-read")
+                    after = m.stat()["pgfault"]
+                    if after == before:
+                        break
+                    print("attempt %d: %d reads reached the daemon" % (attempt, after - before))
+            check(after == before, "page-cache hits reached the daemon")
 
 
 def bdi_read_ahead_kb(mnt):
