@@ -376,6 +376,7 @@ void ktier_fill_begin(struct cache *c, struct group *g, uint64_t id,
 		      uint64_t size, uint64_t pos, size_t len);
 void ktier_fill_end(struct cache *c, uint64_t id, uint64_t pos, size_t len);
 void ktier_forget(struct cache *c, uint64_t id);
+bool ktier_tracks(struct cache *c, uint64_t id);
 void ktier_evict_all(struct cache *c);
 unsigned long ktier_pages(struct group *g);
 unsigned long ktier_queued(struct cache *c);

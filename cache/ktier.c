@@ -556,6 +556,23 @@ void ktier_forget(struct cache *cache, uint64_t id)
 	pthread_mutex_unlock(&kt->lock);
 }
 
+/* Whether the tier holds, or is filling, any page of file id. */
+bool ktier_tracks(struct cache *cache, uint64_t id)
+{
+	struct ktier *kt = cache->kt;
+	struct kt_file *f;
+	bool any = false;
+
+	if (!kt)
+		return false;
+	pthread_mutex_lock(&kt->lock);
+	f = kt_file_find(kt, id);
+	for (uint64_t i = 0; f && !any && i < f->nchunks; i++)
+		any = f->chunks[i] && (f->chunks[i]->pages | f->chunks[i]->pending);
+	pthread_mutex_unlock(&kt->lock);
+	return any;
+}
+
 /*
  * Every chunk leaves the page cache (queued for the thread to invalidate,
  * uncharged) but those with a fill in flight, whose pages the fill has

@@ -87,6 +87,8 @@ void text_json_string(struct text *t, const char *s);
 	X(PGFAULT, "pgfault", event, "read requests served")                   \
 	X(KERNEL_FILLS, "kernel_fills", event,                                 \
 	  "pages filled into the kernel page cache (cache=kernel)")           \
+	X(KERNEL_PUSHES, "kernel_pushes", event,                               \
+	  "of those, pages of files pushed ahead of a scan (push)")           \
 	X(KERNEL_EVICTED, "kernel_evicted", event,                             \
 	  "pages dropped from the kernel page cache by reclaim")              \
 	X(KERNEL_HANDOVERS, "kernel_handovers", event,                         \

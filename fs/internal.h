@@ -54,6 +54,7 @@ struct options {
 	enum ra_reclaim_mode ra_reclaim;
 	enum group_by group_by;
 	bool lockless;
+	bool push; /* push a scan's next files (push.c) */
 	char *ctl;
 	/* a dataset in a store (remote.c): NULL is "from the usual places" */
 	char *endpoint, *region, *credentials, *profile, *ca;
@@ -207,6 +208,7 @@ struct zhandle {
 	struct zfile *file;         /* holds a mapping reference; NULL: empty */
 	uint64_t base, size;        /* the file's bytes in file's content */
 	struct file_ra_state ra;
+	struct file_ra_state *pack_ra; /* a packed file's: its pack's */
 };
 
 /*
@@ -251,6 +253,7 @@ struct dataset {
 	/* the kernel opens files itself: no OPEN or RELEASE (ops.c); set
 	 * once, at INIT, before any other request */
 	atomic_bool kernel_opens;
+	struct pusher *push; /* a scan's next files (push.c), or NULL */
 	pthread_mutex_t handles_lock;
 	struct cds_list_head handles; /* open handles, see ops.c */
 	/* a tree's inodes with an index, oldest use first (inode.c) */
@@ -345,6 +348,10 @@ struct mf_key {
 struct mf_data {
 	pthread_mutex_t lock;
 	struct zfile *f;
+	/* a pack's readahead, shared by the reads of its small files (made
+	 * at the first; reads of one file after another are sequential in
+	 * it, as mkzfolio packs them in the manifest's order) */
+	struct file_ra_state *ra;
 	struct cds_list_head lru; /* on mf->lru while f is set */
 };
 
@@ -408,8 +415,25 @@ int manifest_readdir(struct dataset *ds, const struct mf_dir *d, uint64_t k,
 /* Logs (once) that the dataset on disk is no longer the one mounted. */
 void manifest_say_changed(struct dataset *ds, const char *path);
 int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
-		       uint64_t *base, uint64_t *size);
+		       uint64_t *base, uint64_t *size,
+		       struct file_ra_state **pack_ra);
 void manifest_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries);
+/* A file packed after another in the same frame (manifest_neighbours). */
+struct mf_neighbour {
+	fuse_ino_t ino;
+	uint64_t data_off, size;
+};
+unsigned int manifest_neighbours(struct dataset *ds, fuse_ino_t ino,
+				 uint64_t lo, uint64_t hi,
+				 struct mf_neighbour *out, unsigned int max);
+
+
+/* push.c: a scan's next files into the kernel page cache */
+int push_start(struct dataset *ds);
+void push_stop(struct dataset *ds);
+void push_on_read(struct dataset *ds, unsigned int uid, int pid,
+		  fuse_ino_t ino, struct zfile *f, uint64_t base,
+		  uint64_t size, uint64_t off);
 
 /* meta.c: metadata charged to the budget, by the byte */
 void meta_charge(struct dataset *ds, long bytes);

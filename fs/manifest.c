@@ -163,9 +163,14 @@ void manifest_close(struct dataset *ds)
 
 	if (!mf)
 		return;
-	for (uint32_t i = 0; mf->data && i < mf->ndata; i++)
+	for (uint32_t i = 0; mf->data && i < mf->ndata; i++) {
 		if (mf->data[i].f)
 			zfile_put(mf->data[i].f);
+		if (mf->data[i].ra) {
+			file_ra_destroy(mf->data[i].ra);
+			free(mf->data[i].ra);
+		}
+	}
 	for (uint32_t i = 0; mf->keys && i < mf->nframes; i++)
 		free(mf->keys[i]);
 	if (mf->zf)
@@ -524,17 +529,35 @@ void manifest_shrink(struct dataset *ds, long target)
 	pthread_mutex_unlock(&mf->lru_lock);
 }
 
+/* Data file id's readahead for its packed files, made at the first call;
+ * NULL if it cannot be. */
+static struct file_ra_state *pack_ra_of(struct dataset *ds, uint64_t id)
+{
+	struct mf_data *d = &ds->mf->data[id];
+	struct file_ra_state *ra;
+
+	pthread_mutex_lock(&d->lock);
+	if (!d->ra && (d->ra = malloc(sizeof(*d->ra))))
+		file_ra_init(d->ra, ds->opt->ra_kb / 4);
+	ra = d->ra;
+	pthread_mutex_unlock(&d->lock);
+	return ra;
+}
+
 /*
  * A regular file's data: its data file (with a reference), where it
- * starts in it, and its size.  A file without data (empty) gets none.
+ * starts in it, and its size; and for a file packed with others, its
+ * pack's readahead.  A file without data (empty) gets none.
  */
 int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
-		       uint64_t *base, uint64_t *size)
+		       uint64_t *base, uint64_t *size,
+		       struct file_ra_state **pack_ra)
 {
 	struct mf_entry *e = malloc(sizeof(*e));
 	int r = e ? mf_entry_at(ds, ino - 2, e) : -ENOMEM;
 
 	*f = NULL;
+	*pack_ra = NULL;
 	if (!r && !S_ISREG(e->st.st_mode))
 		r = S_ISDIR(e->st.st_mode) ? -EISDIR : -EACCES;
 	if (!r && e->has_data)
@@ -549,8 +572,89 @@ int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
 		*base = e->has_data ? e->data_off : 0;
 		*size = (uint64_t)e->st.st_size;
 	}
+	if (!r && *f && *size < (*f)->mapping->size)
+		*pack_ra = pack_ra_of(ds, e->data_id);
 	free(e);
 	return r;
+}
+
+/* A walk for manifest_neighbours(), a frame at a time. */
+struct neighbour_walk {
+	uint64_t index, end; /* the next entry, and where to give up */
+	struct mf_entry *e;
+	uint64_t data_id, next, hi;
+	struct mf_neighbour *out;
+	unsigned int n, max;
+	bool done;
+};
+
+/* Entry e, the walk's index-th: on, or done (false). */
+static bool neighbour_step(struct neighbour_walk *w, const struct mf_entry *e)
+{
+	if (!S_ISREG(e->st.st_mode) || !e->has_data ||
+	    e->st.st_ino != w->index + 2 || e->data_off < w->next)
+		return true;
+	if (e->data_id != w->data_id ||
+	    e->data_off + (uint64_t)e->st.st_size > w->hi)
+		return false;
+	w->out[w->n++] = (struct mf_neighbour){e->st.st_ino, e->data_off,
+					       (uint64_t)e->st.st_size};
+	w->next = e->data_off + (uint64_t)e->st.st_size;
+	return w->n < w->max;
+}
+
+static int neighbours_in_frame(const char *p, size_t len, void *arg)
+{
+	struct neighbour_walk *w = arg;
+	unsigned int k = (unsigned int)(w->index % ZMF_FRAME_ENTRIES);
+	const char *line, *end = p + len;
+	size_t n;
+
+	if (!nth_line(p, len, k, &line, &n))
+		return -EBADMSG;
+	for (; line < end && !w->done; line += n + 1, w->index++) {
+		if (!nth_line(line, (size_t)(end - line), 0, &line, &n))
+			break;
+		if (w->index >= w->end || parse_entry(line, n, w->e) ||
+		    !neighbour_step(w, w->e))
+			w->done = true;
+	}
+	return 0;
+}
+
+/*
+ * The files packed after inode ino whose data lies wholly in [lo, hi) of
+ * ino's data file (mkzfolio writes small files in manifest order, each
+ * whole in one frame): up to max of them, in data order, into out.  Their
+ * count; 0 when there is none or ino is no such file.  Entries that are no
+ * file with data of its own (directories, links, empty files, later names
+ * of a hard link, data shared with an earlier file) are passed over, at
+ * most MF_NEIGHBOUR_SCAN entries in all.  The manifest is read a frame at
+ * a time, through the cache.
+ */
+#define MF_NEIGHBOUR_SCAN 1024
+unsigned int manifest_neighbours(struct dataset *ds, fuse_ino_t ino,
+				 uint64_t lo, uint64_t hi,
+				 struct mf_neighbour *out, unsigned int max)
+{
+	struct neighbour_walk w = {.next = lo, .hi = hi, .out = out,
+				   .max = max};
+
+	if (!max || !manifest_ino(ds, ino) || !(w.e = malloc(sizeof(*w.e))))
+		return 0;
+	if (mf_entry_at(ds, ino - 2, w.e) || !w.e->has_data) {
+		free(w.e);
+		return 0;
+	}
+	w.data_id = w.e->data_id;
+	w.index = ino - 1; /* the entry after ino's */
+	w.end = w.index + MF_NEIGHBOUR_SCAN;
+	while (!w.done && w.index < ds->mf->nentries &&
+	       !mf_frame(ds, (uint32_t)(w.index / ZMF_FRAME_ENTRIES),
+			 neighbours_in_frame, &w))
+		;
+	free(w.e);
+	return w.n;
 }
 
 void manifest_usage(struct dataset *ds, uint64_t *bytes, uint64_t *entries)

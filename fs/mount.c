@@ -899,6 +899,8 @@ static int serve(struct daemon *d)
 	if (inodes_init(&d->ds) || cache_start(&d->ds.cache) ||
 	    (d->opt.cache == CACHE_KERNEL &&
 	     ktier_enable(&d->ds.cache, tier_invalidate, d->se)) ||
+	    (d->opt.push && d->opt.read_only && d->ds.mf && !d->ds.store &&
+	     d->opt.cache == CACHE_KERNEL && push_start(&d->ds)) ||
 	    loop_start(&lp, d->opt.threads,
 		       d->opt.threads + (uring ? nq * per_queue : 0))) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
@@ -913,6 +915,7 @@ static int serve(struct daemon *d)
 		started(report);
 	}
 	loop_wait(&lp);
+	push_stop(&d->ds);
 	ktier_disable(&d->ds.cache);
 	return ret;
 }

@@ -504,7 +504,8 @@ static void open_ctl(fuse_req_t req, struct dataset *ds, struct znode *n,
  */
 static void open_data(fuse_req_t req, struct dataset *ds,
 		      struct fuse_file_info *fi, struct znode *n,
-		      struct zfile *f, uint64_t base, uint64_t size)
+		      struct zfile *f, uint64_t base, uint64_t size,
+		      struct file_ra_state *pack_ra)
 {
 	struct zfile_handle *h = NULL;
 
@@ -525,6 +526,7 @@ static void open_data(fuse_req_t req, struct dataset *ds,
 	h->h.file = f;
 	h->h.base = base;
 	h->h.size = size;
+	h->h.pack_ra = pack_ra;
 	file_ra_init(&h->h.ra, ds->opt->ra_kb / 4);
 	handle_track(ds, &h->hdr, H_FILE);
 	fi->fh = (uint64_t)(uintptr_t)h;
@@ -547,6 +549,7 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct znode *n;
 	struct zfile *f;
 	uint64_t base, size;
+	struct file_ra_state *pack_ra;
 	int err;
 
 	/* the kernel opens files itself from now on: see zf_init() */
@@ -563,11 +566,11 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	if (manifest_ino(ds, ino)) {
-		err = manifest_open_file(ds, ino, &f, &base, &size);
+		err = manifest_open_file(ds, ino, &f, &base, &size, &pack_ra);
 		if (err)
 			fuse_reply_err(req, -err);
 		else
-			open_data(req, ds, fi, NULL, f, base, size);
+			open_data(req, ds, fi, NULL, f, base, size, pack_ra);
 		return;
 	}
 	n = znode_of(ds, ino);
@@ -583,7 +586,7 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (err)
 		fuse_reply_err(req, -err);
 	else
-		open_data(req, ds, fi, n, f, 0, f->mapping->size);
+		open_data(req, ds, fi, n, f, 0, f->mapping->size, NULL);
 }
 
 static int reply_iov(void *arg, const struct iovec *iov, int cnt)
@@ -648,7 +651,9 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 {
 	ktier_fill_begin(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
 	ra_request_init(&w->rq, h->h.file->mapping,
-			ds->store ? &h->h.ra : NULL, g, w,
+			h->h.pack_ra ? h->h.pack_ra
+				     : ds->store ? &h->h.ra : NULL,
+			g, w,
 			h->h.base + (uint64_t)off, size, false);
 	w->rq.rq.fill = true;
 	w->rq.rq.tiered = true;
@@ -690,7 +695,8 @@ static void read_data(fuse_req_t req, struct dataset *ds,
 		return;
 	}
 	/* a page-cache fill (mmap fault) has neither flag nor lock owner */
-	ra_request_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
+	ra_request_init(&w->rq, h->h.file->mapping,
+			h->h.pack_ra ? h->h.pack_ra : &h->h.ra, g, w,
 			h->h.base + (uint64_t)off, size,
 			!(fi->flags & READ_LOCKOWNER) && !fi->lock_owner);
 	w->rq.rq.fill = w->rq.rq.fault;
@@ -716,11 +722,13 @@ static void read_unopened(fuse_req_t req, struct dataset *ds, fuse_ino_t ino,
 	}
 	if (manifest_ino(ds, ino)) {
 		err = manifest_open_file(ds, ino, &h.h.file, &h.h.base,
-					 &h.h.size);
+					 &h.h.size, &h.h.pack_ra);
 		if (err) {
 			fuse_reply_err(req, -err);
 			return;
 		}
+		push_on_read(ds, fuse_req_ctx(req)->uid, fuse_req_ctx(req)->pid,
+			     ino, h.h.file, h.h.base, h.h.size, (uint64_t)off);
 		read_data(req, ds, &h, ino, size, off, fi);
 		if (h.h.file)
 			zfile_put(h.h.file);

@@ -123,6 +123,34 @@ static void test_charge_once(void)
 	cache_thread_unregister();
 }
 
+/* ktier_tracks(): a file is tracked from its fill's begin (pages pending)
+ * until the kernel forgets it or every page of it is evicted (a push of
+ * it passes over it in between: push.c). */
+static void test_tracks(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+
+	cache_thread_register();
+	start(&c, 4096);
+	CHECK(!ktier_tracks(&c, 3));
+	ktier_fill_begin(&c, g, 3, 8192, 0, 8192); /* in flight */
+	CHECK(ktier_tracks(&c, 3));
+	CHECK(!ktier_tracks(&c, 4));
+	ktier_fill_end(&c, 3, 0, 8192);
+	CHECK(ktier_tracks(&c, 3));
+	ktier_forget(&c, 3);
+	CHECK(!ktier_tracks(&c, 3));
+	/* evicted by reclaim: a shadow is left, no page */
+	fill(&c, g, 3, 0, 8192);
+	CHECK(ktier_tracks(&c, 3));
+	ktier_evict_all(&c);
+	settle(&c);
+	CHECK(!ktier_tracks(&c, 3));
+	stop(&c);
+	cache_thread_unregister();
+}
+
 static void test_evict_oldest(void)
 {
 	struct cache c;
@@ -630,6 +658,7 @@ static void test_storm(void)
 int main(void)
 {
 	RUN(test_charge_once);
+	RUN(test_tracks);
 	RUN(test_evict_oldest);
 	RUN(test_in_flight);
 	RUN(test_refaults);

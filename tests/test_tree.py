@@ -4,7 +4,7 @@
 (tar of the mount equals tar of the source), and many files are listed and
 read with the daemon at 256 open files and its RSS within budget + 32 MiB.
 
-    test_tree.py fidelity | many | bigdir | foreign | missing
+    test_tree.py fidelity | many | bigdir | foreign | missing | push
 
 ZF_TREE_FILES sets the size of the many-files tree (default 40000: CI; the
 million-file run is bench/manyfiles).
@@ -478,6 +478,82 @@ def test_kopens():
             check(sorted(os.listdir(m.mnt + "/many/d3")) == listed, "the listing changed")
             check(opcodes(m, "READDIRPLUS") + opcodes(m, "READDIR") == parts,
                   "a second listing was read again")
+
+
+def push_tree(src, dirs, per_dir):
+    """dirs directories of per_dir small text files, a subdirectory of
+    more in each: the tree a scan reads.  Returns the files' paths."""
+    names = []
+    for k in range(dirs):
+        for sub in ("d%d" % k, "d%d/sub" % k):
+            os.makedirs(os.path.join(src, sub), exist_ok=True)
+            for i in range(per_dir if sub.endswith("%d" % k) else per_dir // 4):
+                rel = "%s/f%03d.txt" % (sub, i)
+                with open(os.path.join(src, rel), "wb") as f:
+                    f.write(text_bytes(300 + (i * 977 + k * 131) % 6000, i + 1000 * k))
+                names.append(rel)
+    return names
+
+
+def test_push():
+    """A scan of small files on a read-only mount (tar): the files after
+    the one read, in its frame and the next, are pushed into the page
+    cache, so the scan asks the daemon for fewer reads than there are
+    files, and reads the same bytes; push=0 asks for one read per file.
+    At a budget smaller than the tree, the page cache of the mount plus
+    zfolio's folios stay within it (fincore), pushes included."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src = d + "/src"
+        names = push_tree(src, 4, 150)
+        pack(src, d + "/packed")
+        want = tar_sum(src)
+        reads = {}
+        for push in ("1", "0"):
+            with Mount(d + "/packed", d + "/mnt", "ro,push=" + push, extra=("-d",)) as m:
+                check(tar_sum(m.mnt) == want, "push=%s: tar differs from the source's" % push)
+                reads[push] = opcodes(m, "READ")
+                pushed = int(m.stat()["kernel_pushes"])
+                print("push=%s: %d reads for %d files, %d pages pushed" % (
+                    push, reads[push], len(names), pushed))
+                if push == "1":
+                    check(pushed > 0, "nothing was pushed")
+                    for rel in names[::7]:  # what was pushed reads right
+                        with open(os.path.join(src, rel), "rb") as a, \
+                                open(os.path.join(m.mnt, rel), "rb") as b:
+                            check(a.read() == b.read(), "%s differs" % rel)
+                else:
+                    check(pushed == 0, "push=0 pushed %d pages" % pushed)
+                    check(reads[push] >= len(names), "push=0: %d reads for %d files" % (
+                        reads[push], len(names)))
+        check(reads["1"] < reads["0"], "pushes spared no read: %s" % reads)
+
+        # the budget holds: a tree of 12 MiB of small files at budget=4M
+        src2 = d + "/big"
+        names = push_tree(src2, 12, 400)
+        pack(src2, d + "/packed2")
+        want = tar_sum(src2)
+        budget = 4 << 20
+        with Mount(d + "/packed2", d + "/mnt", "ro,budget=4M") as m:
+            check(tar_sum(m.mnt) == want, "budget=4M: tar differs from the source's")
+            st = m.stat()
+            held = resident(m.mnt, names) + int(st["file"])
+            print("budget=4M: %d pages pushed, page cache + folios %.1f MiB" % (
+                int(st["kernel_pushes"]), held / 2**20))
+            check(int(st["kernel_pushes"]) > 0, "nothing was pushed at budget=4M")
+            check(int(m.ctl("memory.current")) <= budget, "memory.current over the budget")
+            # the slack of the tier: one kernel window (128 KiB) per reader
+            check(held <= budget + (128 << 10), "page cache + folios: %d bytes at a "
+                  "4 MiB budget" % held)
+
+
+def resident(mnt, names):
+    """Bytes of the page cache holding these files, from fincore."""
+    r = subprocess.run(["fincore", "-b", "-n", "-o", "RES"] +
+                       [os.path.join(mnt, n) for n in names],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, "fincore: " + r.stderr)
+    return sum(int(x) for x in r.stdout.split())
 
 
 def test_missing():
