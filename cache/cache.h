@@ -193,6 +193,8 @@ struct read_req {
 			  * error, never a part */
 	bool internal;   /* the daemon's own read (metadata), not a
 			  * reader's request: not counted as one */
+	bool no_touch;   /* a copy that is no access: the folios' LRU state
+			  * stays as it is (fs/push.c) */
 	bool tiered;     /* a fill for the kernel tier: a folio handed over
 			  * whole leaves the cache (ktier.c) */
 	/* tiered: the file the fill is for, in the tier (ktier_fill_begin's
@@ -376,7 +378,7 @@ void ktier_fill_begin(struct cache *c, struct group *g, uint64_t id,
 		      uint64_t size, uint64_t pos, size_t len);
 void ktier_fill_end(struct cache *c, uint64_t id, uint64_t pos, size_t len);
 void ktier_forget(struct cache *c, uint64_t id);
-bool ktier_tracks(struct cache *c, uint64_t id);
+unsigned long ktier_tracks(struct cache *c, uint64_t id);
 void ktier_evict_all(struct cache *c);
 unsigned long ktier_pages(struct group *g);
 unsigned long ktier_queued(struct cache *c);

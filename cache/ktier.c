@@ -556,21 +556,23 @@ void ktier_forget(struct cache *cache, uint64_t id)
 	pthread_mutex_unlock(&kt->lock);
 }
 
-/* Whether the tier holds, or is filling, any page of file id. */
-bool ktier_tracks(struct cache *cache, uint64_t id)
+/* The pages of file id the tier holds or is filling (0: none). */
+unsigned long ktier_tracks(struct cache *cache, uint64_t id)
 {
 	struct ktier *kt = cache->kt;
+	unsigned long n = 0;
 	struct kt_file *f;
-	bool any = false;
 
 	if (!kt)
-		return false;
+		return 0;
 	pthread_mutex_lock(&kt->lock);
 	f = kt_file_find(kt, id);
-	for (uint64_t i = 0; f && !any && i < f->nchunks; i++)
-		any = f->chunks[i] && (f->chunks[i]->pages | f->chunks[i]->pending);
+	for (uint64_t i = 0; f && i < f->nchunks; i++)
+		if (f->chunks[i])
+			n += pages_in(f->chunks[i]->pages |
+				      f->chunks[i]->pending);
 	pthread_mutex_unlock(&kt->lock);
-	return any;
+	return n;
 }
 
 /*

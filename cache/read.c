@@ -53,6 +53,7 @@ void read_req_init(struct read_req *rq, struct mapping *m,
 	rq->fault = false;
 	rq->fill = false;
 	rq->internal = false;
+	rq->no_touch = false;
 	rq->tiered = false;
 	rq->tier_id = rq->tier_base = rq->tier_size = 0;
 	rq->niov = 0;
@@ -426,6 +427,8 @@ static int read_get_folio(struct read_req *rq, unsigned long index,
 static void read_mark_accessed(struct read_req *rq, struct folio *f,
 			       bool first)
 {
+	if (rq->no_touch)
+		return;
 	if (first && rq->file) {
 		long long prev = atomic_load_explicit(&rq->file->prev_pos,
 						      memory_order_relaxed);

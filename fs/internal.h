@@ -427,12 +427,11 @@ unsigned int manifest_neighbours(struct dataset *ds, fuse_ino_t ino,
 				 uint64_t lo, uint64_t hi,
 				 struct mf_neighbour *out, unsigned int max);
 
-
 /* push.c: a scan's next files into the kernel page cache */
 int push_start(struct dataset *ds);
 void push_stop(struct dataset *ds);
 void push_on_read(struct dataset *ds, unsigned int uid, int pid,
-		  fuse_ino_t ino, struct zfile *f, uint64_t base,
+		  fuse_ino_t ino, struct zfile *f, bool packed, uint64_t base,
 		  uint64_t size, uint64_t off);
 
 /* meta.c: metadata charged to the budget, by the byte */

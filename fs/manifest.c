@@ -578,13 +578,19 @@ int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
 	return r;
 }
 
+/* Entries passed over at most in all, and in a row in other data files
+ * (big files of their own, data shared with another pack's file): past
+ * those, the pack has ended. */
+#define MF_NEIGHBOUR_SCAN 1024
+#define MF_NEIGHBOUR_FOREIGN 32
+
 /* A walk for manifest_neighbours(), a frame at a time. */
 struct neighbour_walk {
 	uint64_t index, end; /* the next entry, and where to give up */
 	struct mf_entry *e;
 	uint64_t data_id, next, hi;
 	struct mf_neighbour *out;
-	unsigned int n, max;
+	unsigned int n, max, foreign;
 	bool done;
 };
 
@@ -592,10 +598,14 @@ struct neighbour_walk {
 static bool neighbour_step(struct neighbour_walk *w, const struct mf_entry *e)
 {
 	if (!S_ISREG(e->st.st_mode) || !e->has_data ||
-	    e->st.st_ino != w->index + 2 || e->data_off < w->next)
+	    e->st.st_ino != w->index + 2)
 		return true;
-	if (e->data_id != w->data_id ||
-	    e->data_off + (uint64_t)e->st.st_size > w->hi)
+	if (e->data_id != w->data_id)
+		return ++w->foreign < MF_NEIGHBOUR_FOREIGN;
+	w->foreign = 0;
+	if (e->data_off < w->next)
+		return true; /* data shared with an earlier file */
+	if (e->data_off + (uint64_t)e->st.st_size > w->hi)
 		return false;
 	w->out[w->n++] = (struct mf_neighbour){e->st.st_ino, e->data_off,
 					       (uint64_t)e->st.st_size};
@@ -627,12 +637,11 @@ static int neighbours_in_frame(const char *p, size_t len, void *arg)
  * ino's data file (mkzfolio writes small files in manifest order, each
  * whole in one frame): up to max of them, in data order, into out.  Their
  * count; 0 when there is none or ino is no such file.  Entries that are no
- * file with data of its own (directories, links, empty files, later names
- * of a hard link, data shared with an earlier file) are passed over, at
- * most MF_NEIGHBOUR_SCAN entries in all.  The manifest is read a frame at
- * a time, through the cache.
+ * file with data of its own in this pack (directories, links, empty files,
+ * later names of a hard link, data shared with an earlier file, big files)
+ * are passed over.  The manifest is read a frame at a time, through the
+ * cache.
  */
-#define MF_NEIGHBOUR_SCAN 1024
 unsigned int manifest_neighbours(struct dataset *ds, fuse_ino_t ino,
 				 uint64_t lo, uint64_t hi,
 				 struct mf_neighbour *out, unsigned int max)

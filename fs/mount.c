@@ -248,6 +248,7 @@ struct loop_worker {
 
 struct loop {
 	struct fuse_session *se;
+	struct dataset *ds;
 	bool backing_uring;
 	atomic_bool stopping;
 	long long drain_end_ms; /* set before stopping */
@@ -538,6 +539,9 @@ static void loop_wait(struct loop *lp)
 	/* the workers that left already posted: count them again in stop */
 	for (unsigned int i = 0; i < lp->n - left; i++)
 		sem_post(&lp->done);
+	/* while the workers still answer fills: a store waits on the pages
+	 * of a fill in flight (push.c) */
+	push_stop(lp->ds);
 	loop_stop(lp);
 	/* detach the mount; closing /dev/fuse later aborts what is queued */
 	fuse_session_unmount(lp->se);
@@ -886,6 +890,7 @@ static void started(int report)
 static int serve(struct daemon *d)
 {
 	struct loop lp = {.se = d->se,
+			  .ds = &d->ds,
 			  .backing_uring = d->opt.backing_io == BACKING_URING};
 	unsigned int nq = furing_queues(), per_queue = d->opt.threads;
 	bool uring = d->opt.transport != TRANSPORT_DEV;
@@ -904,6 +909,7 @@ static int serve(struct daemon *d)
 	    loop_start(&lp, d->opt.threads,
 		       d->opt.threads + (uring ? nq * per_queue : 0))) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
+		push_stop(&d->ds);
 		fuse_session_unmount(d->se);
 		return -1;
 	}
@@ -915,7 +921,6 @@ static int serve(struct daemon *d)
 		started(report);
 	}
 	loop_wait(&lp);
-	push_stop(&d->ds);
 	ktier_disable(&d->ds.cache);
 	return ret;
 }

@@ -504,8 +504,7 @@ static void open_ctl(fuse_req_t req, struct dataset *ds, struct znode *n,
  */
 static void open_data(fuse_req_t req, struct dataset *ds,
 		      struct fuse_file_info *fi, struct znode *n,
-		      struct zfile *f, uint64_t base, uint64_t size,
-		      struct file_ra_state *pack_ra)
+		      struct zfile *f, uint64_t base, uint64_t size)
 {
 	struct zfile_handle *h = NULL;
 
@@ -526,7 +525,6 @@ static void open_data(fuse_req_t req, struct dataset *ds,
 	h->h.file = f;
 	h->h.base = base;
 	h->h.size = size;
-	h->h.pack_ra = pack_ra;
 	file_ra_init(&h->h.ra, ds->opt->ra_kb / 4);
 	handle_track(ds, &h->hdr, H_FILE);
 	fi->fh = (uint64_t)(uintptr_t)h;
@@ -549,7 +547,7 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct znode *n;
 	struct zfile *f;
 	uint64_t base, size;
-	struct file_ra_state *pack_ra;
+	struct file_ra_state *pack_ra; /* unused: a handle has its own */
 	int err;
 
 	/* the kernel opens files itself from now on: see zf_init() */
@@ -570,7 +568,7 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		if (err)
 			fuse_reply_err(req, -err);
 		else
-			open_data(req, ds, fi, NULL, f, base, size, pack_ra);
+			open_data(req, ds, fi, NULL, f, base, size);
 		return;
 	}
 	n = znode_of(ds, ino);
@@ -586,7 +584,7 @@ static void zf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (err)
 		fuse_reply_err(req, -err);
 	else
-		open_data(req, ds, fi, n, f, 0, f->mapping->size, NULL);
+		open_data(req, ds, fi, n, f, 0, f->mapping->size);
 }
 
 static int reply_iov(void *arg, const struct iovec *iov, int cnt)
@@ -633,7 +631,11 @@ static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
 /*
  * cache=kernel: every read is a page-cache fill for the kernel tier, sized
  * by the kernel's own readahead (kernel_ra_kb): zfolio reads just what it
- * asks for, with no second readahead on top; but for a dataset in a store,
+ * asks for, with no second readahead on top.  But the small files of a
+ * pack read without opens (kernel_opens) share their pack's readahead,
+ * since the kernel's window ends with each file: a scan of them reads the
+ * pack ahead as a stream (fs/push.c pushes what it brings in).  And for a
+ * dataset in a store,
  * where each read is a request, zfolio's readahead runs on the fills too,
  * so that a stream's frames come in windows of ra_kb (4 MiB by default),
  * one request each, into zfolio's cache, and leave it as the kernel's
@@ -695,8 +697,7 @@ static void read_data(fuse_req_t req, struct dataset *ds,
 		return;
 	}
 	/* a page-cache fill (mmap fault) has neither flag nor lock owner */
-	ra_request_init(&w->rq, h->h.file->mapping,
-			h->h.pack_ra ? h->h.pack_ra : &h->h.ra, g, w,
+	ra_request_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
 			h->h.base + (uint64_t)off, size,
 			!(fi->flags & READ_LOCKOWNER) && !fi->lock_owner);
 	w->rq.rq.fill = w->rq.rq.fault;
@@ -728,7 +729,8 @@ static void read_unopened(fuse_req_t req, struct dataset *ds, fuse_ino_t ino,
 			return;
 		}
 		push_on_read(ds, fuse_req_ctx(req)->uid, fuse_req_ctx(req)->pid,
-			     ino, h.h.file, h.h.base, h.h.size, (uint64_t)off);
+			     ino, h.h.file, h.h.pack_ra != NULL, h.h.base,
+			     h.h.size, (uint64_t)off);
 		read_data(req, ds, &h, ino, size, off, fi);
 		if (h.h.file)
 			zfile_put(h.h.file);

@@ -97,11 +97,11 @@ const struct opt_desc opt_table[] = {
 	 "read hot folios without taking references (0: always take one)",
 	 bool_values, 0, 1},
 	{"push", OPT_BOOL, OFF(push), "1",
-	 "ro mounts of a packed dataset: when small files are read in the "
-	 "order they were packed (tar, cp -r, grep -r), hand the files "
-	 "after the one read, in its frame and the next, to the kernel "
-	 "page cache, sparing their reads a round trip each (inside the "
-	 "budget)",
+	 "ro mounts of a packed dataset, not in a store: when small files "
+	 "are read in the order they were packed (tar, cp -r, grep -r), "
+	 "hand the files after the one read, in its frame and the next, to "
+	 "the kernel page cache, sparing their reads a round trip each "
+	 "(charged to the budget as the kernel tier's)",
 	 bool_values, 0, 1},
 	{"group_by", OPT_ENUM, OFF(group_by), "none",
 	 "child budget groups per reader: none, per uid, or per cgroup of "

@@ -12,30 +12,40 @@
  * rest of the frame just read, then the pack's next frame, decoded for
  * it.  It is readahead across files, as page_cache_async_ra() reads ahead
  * within one: the scan's next read that reaches the daemon is the first
- * file after what was pushed, and it pushes the next two frames' worth.
+ * file after what was pushed (or one the pusher has not stored yet), and
+ * it starts the next push.
  *
- * When: a read from the start of a packed file whose inode is at most
- * PUSH_GAP entries past the last one read or pushed (a directory's files
- * and then its subdirectories' come in the manifest's order, with jumps
- * only over entries that hold no data), and not among the files a push is
- * already under way for.  Only on mounts where the kernel opens files
- * (ro, packed, cache=kernel): there the kernel keeps a file's pages from
- * one open to the next.
+ * When: a read from the start of a packed small file whose inode is at
+ * most PUSH_GAP entries past where a scan stands (the last one read or
+ * pushed: a directory's files and then its subdirectories' come in the
+ * manifest's order, with jumps only over entries that hold no data), and
+ * not among the files that scan's push is already under way for.  Only on
+ * mounts where the kernel opens files (ro, packed, cache=kernel, not in a
+ * store): there the kernel keeps a file's pages from one open to the next.
  *
  * The kernel takes a store only for an inode it has: a file of a directory
- * not listed yet is refused (ENOENT), and the push stops there; the
- * scan's read of it, once it gets there, goes on from it.
+ * not listed yet is refused (ENOENT), the push stops there, and the scan's
+ * read of that file, once it gets there, starts the next.
  *
- * The stores run on a thread of their own, never on a worker: a store
- * locks the file's pages, and a page the kernel locked for a fill stays
- * locked until a worker answers that fill (the kernel tier's deadlock rule
- * 2, ktier.c).  A worker only queues, at most PUSH_QUEUE_JOBS reads.  A
- * file the tier already tracks (filled, or being filled) is not pushed:
- * its reader got there first.  Pushed pages are charged to the kernel tier
- * like a fill's, to the group of the read that found the scan, once the
- * kernel has them, and are evicted like them.  The folios they came from
- * stay in zfolio's cache, not marked handed over (a push may be passed
- * over), and age out as any other.
+ * The rules, beside the kernel tier's (ktier.c):
+ *  1. A store locks the file's pages, and a page the kernel locked for a
+ *     fill stays locked until a worker answers that fill.  So stores run on
+ *     a thread of their own, never on a worker (which only queues, at most
+ *     PUSH_QUEUE_JOBS reads), and the thread is stopped while the workers
+ *     still answer fills (mount.c, loop_wait()).  A file the tier tracks
+ *     (filled, or being filled: its fill reached a worker) is not pushed.
+ *     Left: a fill the kernel has queued and no worker has read yet.  If
+ *     the daemon is SIGKILLed while a store waits on such a fill, the
+ *     thread keeps /dev/fuse open and the mount hangs until umount -f (as
+ *     an eviction can, ktier.c rule 1).
+ *  2. A push is charged to the tier before its store, as a fill is, and
+ *     ends after it; a store refused with ENOENT uncharges the inode (the
+ *     kernel has none).  A seek table caught lying is checked for before
+ *     each store and after it (what was stored is dropped again).
+ *  3. Copying the bytes out is no access: the folios keep their place on
+ *     the LRU (a scan's frames are not made active by it), and they are
+ *     not marked handed over either (a push may be passed over), so they
+ *     age out of zfolio's cache as any other.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -47,23 +57,36 @@
 /* Entries a scan may skip between two files read (directories, links,
  * files it does not read). */
 #define PUSH_GAP 256
-/* Frames of a pack pushed past the one read (measured on the Linux
- * source tree, 128K frames: 0, 1, 2 and 4 left 50k, 44k, 45-49k and 56k
- * of 78.5k files to reads), and files at most (two 128 KiB frames of
- * files of 1 KiB) */
+/* Frames of a pack pushed past the one read: more is further ahead of the
+ * scan, but one thread decodes them in turn, and the scan overtakes it
+ * (doc/BENCHMARKS.md, "A scan's next files pushed") */
 #define PUSH_FRAMES 1
+/* Files pushed after one read, at most: two 128 KiB frames of 1 KiB
+ * files. */
 #define PUSH_MAX_FILES 256
 /* Scans followed at once (directory depth a walk comes back through). */
 #define PUSH_CURSORS 8
 /* Reads queued for the thread, at most; a worker drops one beyond. */
 #define PUSH_QUEUE_JOBS 16
 
-/* A scan's read: the file after which to push, and what was read of it. */
+/*
+ * A scan.  Relaxed atomics, all: a stale value costs a push done twice
+ * (the tier check passes over its files) or one not done.  at: the inode
+ * after the last one read or pushed, where the scan goes on (0: free);
+ * [planned_lo, planned_hi): the inodes its queued or running push covers
+ * (a guess of PUSH_GAP until the thread knows).
+ */
+struct scan {
+	atomic_ulong at, planned_lo, planned_hi;
+};
+
+/* A scan's read: the file after which to push.  group stays valid: groups
+ * are freed with the budget, after push_stop(). */
 struct push_job {
 	struct push_job *next;
 	struct group *group;
 	fuse_ino_t ino;
-	unsigned int cursor; /* the scan's */
+	struct scan *scan;
 	struct zfile *file; /* a reference */
 	uint64_t base, size;
 };
@@ -73,22 +96,14 @@ struct pusher {
 	pthread_cond_t cond;
 	struct push_job *head, **tail;
 	unsigned int queued; /* jobs */
-	bool stop;
+	atomic_bool stop;
 	pthread_t thread;
 	struct dataset *ds;
-	/*
-	 * Relaxed, all: a stale value costs a push done twice (the tier
-	 * check passes over its files) or one not done.  cursor[]: where
-	 * scans go on, the inode after the last one read or pushed, one per
-	 * scan (a walk that goes down into a directory and back out is two:
-	 * the manifest holds a directory's files before its
-	 * subdirectories'), the oldest replaced by a read that is no scan's;
-	 * [planned_lo, planned_hi): the inodes a queued or running push
-	 * covers (a guess of PUSH_GAP until the thread knows).
-	 */
-	atomic_ulong cursor[PUSH_CURSORS];
+	/* a walk that goes down into a directory and back out is two scans:
+	 * the manifest holds a directory's files before its subdirectories'.
+	 * A read that is no scan's takes the oldest. */
+	struct scan scans[PUSH_CURSORS];
 	atomic_uint victim;
-	atomic_ulong planned_lo, planned_hi;
 	struct mf_neighbour files[PUSH_MAX_FILES]; /* the thread's */
 };
 
@@ -98,10 +113,20 @@ static void job_free(struct push_job *j)
 	free(j);
 }
 
-/* Store one file's bytes in the kernel's page cache, charged to the tier
- * once there; the store's result. */
-static int push_one(struct pusher *p, struct group *g,
-		    const struct mf_neighbour *f, const uint8_t *bytes)
+static void scan_set(atomic_ulong *v, unsigned long x)
+{
+	atomic_store_explicit(v, x, memory_order_relaxed);
+}
+
+static unsigned long scan_get(atomic_ulong *v)
+{
+	return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+/* Store one file's bytes in the kernel's page cache (rules 1 and 2): 0, or
+ * the store's error, or -EIO for a lying seek table. */
+static int push_one(struct pusher *p, const struct push_job *j,
+		    const struct mf_neighbour *f, uint8_t *bytes)
 {
 	struct cache *c = &p->ds->cache;
 	struct fuse_bufvec bv = FUSE_BUFVEC_INIT(f->size);
@@ -109,19 +134,25 @@ static int push_one(struct pusher *p, struct group *g,
 
 	if (ktier_tracks(c, f->ino))
 		return 0; /* filled or being filled: its reader came first */
-	bv.buf[0].mem = (void *)bytes;
+	if (atomic_load(&j->file->table_lies))
+		return -EIO;
+	bv.buf[0].mem = bytes;
+	ktier_fill_begin(c, j->group, f->ino, f->size, 0, f->size);
 	/* offline while the store may wait on a page a fill has locked */
 	cache_thread_offline();
 	r = fuse_lowlevel_notify_store(p->ds->se, f->ino, 0, &bv, 0);
 	cache_thread_online();
-	if (r)
-		return r;
-	/* uncharged for that long: an eviction meanwhile finds nothing to
-	 * drop, and the pages are within the slack of one window */
-	ktier_fill_begin(c, g, f->ino, f->size, 0, f->size);
 	ktier_fill_end(c, f->ino, 0, f->size);
-	stat_mod(g, STAT_KERNEL_PUSHES, (long)pages_of_bytes(f->size));
-	return 0;
+	if (r == -ENOENT)
+		ktier_forget(c, f->ino); /* the kernel has no such inode */
+	if (atomic_load(&j->file->table_lies)) {
+		ktier_evict_all(c); /* caught meanwhile: this one too */
+		return -EIO;
+	}
+	if (!r) /* what the budget took of it */
+		stat_mod(j->group, STAT_KERNEL_PUSHES,
+			 (long)ktier_tracks(c, f->ino));
+	return r;
 }
 
 struct copy_call {
@@ -149,7 +180,8 @@ static int copy_reply(void *arg, const struct iovec *iov, int cnt)
 }
 
 /* The bytes [lo, hi) of data file m for group g, through the cache (a
- * frame not there is decoded here, with plain reads): a copy, or NULL. */
+ * frame not there is decoded here, with plain reads; rule 3): a copy, or
+ * NULL. */
 static uint8_t *copy_out(struct group *g, struct mapping *m, uint64_t lo,
 			 uint64_t hi)
 {
@@ -160,26 +192,27 @@ static uint8_t *copy_out(struct group *g, struct mapping *m, uint64_t lo,
 		return NULL;
 	ra_request_init(r, m, NULL, g, NULL, lo, hi - lo, false);
 	r->rq.internal = true; /* not a reader's request */
+	r->rq.no_touch = true;
 	cache_read(&r->rq, copy_reply, &c);
 	free(r);
 	return c.buf;
 }
 
-/* Push files f[0, n), of one frame of m; false once the kernel refused
- * one (a directory it has not listed yet). */
+/* Push files f[0, n), of one frame; false once one was not stored (the
+ * kernel refused it: a directory it has not listed yet), or on stop. */
 static bool push_run(struct pusher *p, const struct push_job *j,
 		     const struct mf_neighbour *f, unsigned int n)
 {
-	struct mapping *m = j->file->mapping;
-	struct group *g = j->group;
 	uint64_t lo = f[0].data_off, hi = f[n - 1].data_off + f[n - 1].size;
-	uint8_t *bytes = copy_out(g, m, lo, hi);
+	uint8_t *bytes = copy_out(j->group, j->file->mapping, lo, hi);
 	bool on = bytes != NULL;
 
 	for (unsigned int k = 0; on && k < n; k++) {
-		if (push_one(p, g, &f[k], bytes + (f[k].data_off - lo))) {
-			atomic_store_explicit(&p->cursor[j->cursor], f[k].ino,
-					      memory_order_relaxed);
+		if (atomic_load(&p->stop) ||
+		    push_one(p, j, &f[k], bytes + (f[k].data_off - lo))) {
+			/* the scan's read of it goes on from there */
+			scan_set(&j->scan->at, f[k].ino);
+			scan_set(&j->scan->planned_hi, f[k].ino);
 			on = false;
 		}
 	}
@@ -209,17 +242,15 @@ static void push_ahead(struct pusher *p, const struct push_job *j)
 						  mapping_folio_len(m, last),
 					  f, PUSH_MAX_FILES);
 	if (!n) {
-		atomic_store_explicit(&p->planned_hi, 0, memory_order_relaxed);
+		scan_set(&j->scan->planned_hi, 0);
 		return;
 	}
 	last = mapping_index(m, f[n - 1].data_off);
 	for (run = n; run && mapping_index(m, f[run - 1].data_off) == last;)
 		run--;
 	/* planned: up to the last frame's files, if there are others */
-	atomic_store_explicit(&p->planned_hi, f[run ? run : n - 1].ino,
-			      memory_order_relaxed);
-	atomic_store_explicit(&p->cursor[j->cursor], f[n - 1].ino + 1,
-			      memory_order_relaxed);
+	scan_set(&j->scan->planned_hi, f[run ? run : n - 1].ino);
+	scan_set(&j->scan->at, f[n - 1].ino + 1);
 	for (; k < n; k += run) {
 		i = mapping_index(m, f[k].data_off);
 		for (run = 1; k + run < n &&
@@ -239,10 +270,10 @@ static void *push_thread(void *arg)
 	cache_thread_offline();
 	pthread_mutex_lock(&p->lock);
 	for (;;) {
-		while (!p->head && !p->stop)
+		while (!p->head && !atomic_load(&p->stop))
 			pthread_cond_wait(&p->cond, &p->lock);
 		j = p->head;
-		if (!j)
+		if (!j || atomic_load(&p->stop))
 			break;
 		p->head = j->next;
 		if (!p->head)
@@ -285,62 +316,67 @@ int push_start(struct dataset *ds)
 	return 0;
 }
 
-/* After the workers: the thread ends its queue (a store to a mount gone
- * fails at once) and stops. */
+/* Before the workers stop (rule 1): the store under way ends (a worker
+ * answers the fill it may wait on), what is queued is dropped. */
 void push_stop(struct dataset *ds)
 {
 	struct pusher *p = ds->push;
+	struct push_job *j;
 
 	if (!p)
 		return;
 	pthread_mutex_lock(&p->lock);
-	p->stop = true;
+	atomic_store(&p->stop, true);
 	pthread_cond_signal(&p->cond);
 	pthread_mutex_unlock(&p->lock);
 	pthread_join(p->thread, NULL);
+	while ((j = p->head)) {
+		p->head = j->next;
+		job_free(j);
+	}
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->cond);
 	ds->push = NULL;
 	free(p);
 }
 
-/* Is a read of ino from its start a scan's next step (of scan *c) that
- * no push covers? */
-static bool scan_step(struct pusher *p, fuse_ino_t ino, uint64_t off,
-		      unsigned int *c)
+/* Is a read of ino from its start a scan's next step that its push does
+ * not cover?  *s: the scan, whose place it takes either way. */
+static bool scan_step(struct pusher *p, fuse_ino_t ino, struct scan **s)
 {
-	unsigned long want, lo, hi;
-	bool scan;
+	unsigned long at = 0;
+	unsigned int c;
 
-	if (off)
-		return false;
-	for (*c = 0; *c < PUSH_CURSORS; (*c)++) {
-		want = atomic_load_explicit(&p->cursor[*c],
-					    memory_order_relaxed);
-		if (want && ino >= want && ino - want < PUSH_GAP)
+	for (c = 0; c < PUSH_CURSORS; c++) {
+		at = scan_get(&p->scans[c].at);
+		if (at && ino >= at && ino - at < PUSH_GAP)
 			break;
 	}
-	scan = *c < PUSH_CURSORS;
-	if (!scan) /* a new scan, maybe */
-		*c = atomic_fetch_add_explicit(&p->victim, 1,
-					       memory_order_relaxed) %
-		     PUSH_CURSORS;
-	atomic_store_explicit(&p->cursor[*c], ino + 1, memory_order_relaxed);
-	lo = atomic_load_explicit(&p->planned_lo, memory_order_relaxed);
-	hi = atomic_load_explicit(&p->planned_hi, memory_order_relaxed);
-	if (!scan || (ino >= lo && ino < hi))
+	if (c == PUSH_CURSORS) { /* no scan's: a new one, maybe */
+		c = atomic_fetch_add_explicit(&p->victim, 1,
+					      memory_order_relaxed) %
+		    PUSH_CURSORS;
+		*s = &p->scans[c];
+		scan_set(&(*s)->at, ino + 1);
+		scan_set(&(*s)->planned_hi, 0);
 		return false;
-	atomic_store_explicit(&p->planned_lo, ino + 1, memory_order_relaxed);
-	atomic_store_explicit(&p->planned_hi, ino + 1 + PUSH_GAP,
-			      memory_order_relaxed);
+	}
+	*s = &p->scans[c];
+	scan_set(&(*s)->at, ino + 1);
+	if (ino >= scan_get(&(*s)->planned_lo) &&
+	    ino < scan_get(&(*s)->planned_hi))
+		return false;
+	scan_set(&(*s)->planned_lo, ino + 1);
+	scan_set(&(*s)->planned_hi, ino + 1 + PUSH_GAP);
 	return true;
 }
 
 static void queue_job(struct pusher *p, struct push_job *j)
 {
 	pthread_mutex_lock(&p->lock);
-	if (p->stop || p->queued >= PUSH_QUEUE_JOBS) {
+	if (atomic_load(&p->stop) || p->queued >= PUSH_QUEUE_JOBS) {
 		pthread_mutex_unlock(&p->lock);
+		scan_set(&j->scan->planned_hi, 0); /* nothing covers it */
 		job_free(j);
 		return;
 	}
@@ -353,26 +389,34 @@ static void queue_job(struct pusher *p, struct push_job *j)
 
 /*
  * A read of [off, ...) of ino, the file [base, base + size) of data file
- * f, by (uid, pid), is about to be served: if it is a scan's, the push of
- * the files after it is queued for the thread, which works beside the
- * reply (the frame it copies from is the one the read fills; it waits for
- * it, or fills it first and the read waits).  The worker only queues.
+ * f (packed with others, or not), by (uid, pid), is about to be served:
+ * if it is a scan's, the push of the files after it is queued for the
+ * thread, which works beside the reply (the frame it copies from is the
+ * one the read fills; it waits for it, or fills it first and the read
+ * waits).  The worker only queues.
  */
 void push_on_read(struct dataset *ds, unsigned int uid, int pid,
-		  fuse_ino_t ino, struct zfile *f, uint64_t base,
+		  fuse_ino_t ino, struct zfile *f, bool packed, uint64_t base,
 		  uint64_t size, uint64_t off)
 {
 	struct pusher *p = ds->push;
 	struct push_job *j;
-	struct group *g;
-	unsigned int c;
+	struct scan *s;
 
-	if (!p || !f || !size || off >= size || !scan_step(p, ino, off, &c) ||
-	    !(j = calloc(1, sizeof(*j))))
+	if (!p || !f || !packed || off || !size || !scan_step(p, ino, &s))
 		return;
-	g = group_for_request(&ds->cache.budget, uid, pid);
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		scan_set(&s->planned_hi, 0);
+		return;
+	}
 	mapping_get(f->mapping); /* a zfile's reference (zfile_put) */
-	*j = (struct push_job){.group = g, .ino = ino, .cursor = c, .file = f,
-			       .base = base, .size = size};
+	*j = (struct push_job){
+		.group = group_for_request(&ds->cache.budget, uid, pid),
+		.ino = ino,
+		.scan = s,
+		.file = f,
+		.base = base,
+		.size = size};
 	queue_job(p, j);
 }
