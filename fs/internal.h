@@ -430,9 +430,11 @@ unsigned int manifest_neighbours(struct dataset *ds, fuse_ino_t ino,
 /* push.c: a scan's next files into the kernel page cache */
 int push_start(struct dataset *ds);
 void push_stop(struct dataset *ds);
+void push_free(struct dataset *ds);
 void push_on_read(struct dataset *ds, unsigned int uid, int pid,
-		  fuse_ino_t ino, struct zfile *f, bool packed, uint64_t base,
-		  uint64_t size, uint64_t off);
+		  fuse_ino_t ino, struct zfile *f,
+		  struct file_ra_state *pack_ra, uint64_t base, uint64_t size,
+		  uint64_t off);
 
 /* meta.c: metadata charged to the budget, by the byte */
 void meta_charge(struct dataset *ds, long bytes);

@@ -543,6 +543,7 @@ static void loop_wait(struct loop *lp)
 	 * of a fill in flight (push.c) */
 	push_stop(lp->ds);
 	loop_stop(lp);
+	push_free(lp->ds); /* no worker can reach it now */
 	/* detach the mount; closing /dev/fuse later aborts what is queued */
 	fuse_session_unmount(lp->se);
 	free(lp->workers);
@@ -909,7 +910,7 @@ static int serve(struct daemon *d)
 	    loop_start(&lp, d->opt.threads,
 		       d->opt.threads + (uring ? nq * per_queue : 0))) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
-		push_stop(&d->ds);
+		push_free(&d->ds);
 		fuse_session_unmount(d->se);
 		return -1;
 	}

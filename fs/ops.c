@@ -729,7 +729,7 @@ static void read_unopened(fuse_req_t req, struct dataset *ds, fuse_ino_t ino,
 			return;
 		}
 		push_on_read(ds, fuse_req_ctx(req)->uid, fuse_req_ctx(req)->pid,
-			     ino, h.h.file, h.h.pack_ra != NULL, h.h.base,
+			     ino, h.h.file, h.h.pack_ra, h.h.base,
 			     h.h.size, (uint64_t)off);
 		read_data(req, ds, &h, ino, size, off, fi);
 		if (h.h.file)

@@ -44,8 +44,19 @@
  *     each store and after it (what was stored is dropped again).
  *  3. Copying the bytes out is no access: the folios keep their place on
  *     the LRU (a scan's frames are not made active by it), and they are
- *     not marked handed over either (a push may be passed over), so they
- *     age out of zfolio's cache as any other.
+ *     not marked handed over either, so they age out of zfolio's cache as
+ *     any other (handing over the frames a push stored whole cost more in
+ *     decoding again than it saved: doc/BENCHMARKS.md).  The copies go
+ *     through the pack's readahead, as the scan's reads do: the frames
+ *     after them are read and decoded ahead, by the fill pool.
+ *  4. The read that starts a push, when the next file is in its frame,
+ *     waits for the push's first store before it is served, so the scan
+ *     goes on behind the pusher instead of racing it for the files just
+ *     after (each one it reaches first is a read of its own).  The wait is
+ *     offline and bounded (PUSH_WAIT_US), since the thread may itself wait
+ *     on a fill only a worker answers (rule 1); it ends at once on stop.
+ *     The thread copies the frame from the read's own file on, decoding it
+ *     if need be, so the read finds it in the cache.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -68,6 +79,11 @@
 #define PUSH_CURSORS 8
 /* Reads queued for the thread, at most; a worker drops one beyond. */
 #define PUSH_QUEUE_JOBS 16
+/* How long a read that starts a push waits for it to start, at most
+ * (rule 4): a cold frame's decode, and more if its backing is slow. */
+#define PUSH_WAIT_US 2000
+/* The copy buffer is kept for the next push up to this size. */
+#define PUSH_BUF_KEEP (1u << 20)
 
 /*
  * A scan.  Relaxed atomics, all: a stale value costs a push done twice
@@ -80,15 +96,20 @@ struct scan {
 	atomic_ulong at, planned_lo, planned_hi;
 };
 
-/* A scan's read: the file after which to push.  group stays valid: groups
- * are freed with the budget, after push_stop(). */
+/* A scan's read: the file after which to push.  group and pack_ra (the
+ * pack's readahead) stay valid: groups are freed with the budget, pack_ra
+ * with the manifest, both after push_free(). */
 struct push_job {
 	struct push_job *next;
 	struct group *group;
 	fuse_ino_t ino;
 	struct scan *scan;
 	struct zfile *file; /* a reference */
+	struct file_ra_state *pack_ra;
 	uint64_t base, size;
+	atomic_int refs;     /* the queue's or the thread's, a waiting read's */
+	atomic_bool started; /* its first file is stored or passed over, or
+			      * it ended: its read may be answered */
 };
 
 struct pusher {
@@ -96,7 +117,9 @@ struct pusher {
 	pthread_cond_t cond;
 	struct push_job *head, **tail;
 	unsigned int queued; /* jobs */
+	bool busy;           /* the thread is on a job */
 	atomic_bool stop;
+	pthread_cond_t started; /* a job started (on CLOCK_MONOTONIC) */
 	pthread_t thread;
 	struct dataset *ds;
 	/* a walk that goes down into a directory and back out is two scans:
@@ -104,13 +127,30 @@ struct pusher {
 	 * A read that is no scan's takes the oldest. */
 	struct scan scans[PUSH_CURSORS];
 	atomic_uint victim;
-	struct mf_neighbour files[PUSH_MAX_FILES]; /* the thread's */
+	/* the thread's: the files of a push, the cache request copying them
+	 * out, and the copy */
+	struct mf_neighbour files[PUSH_MAX_FILES];
+	struct ra_request rq;
+	uint8_t *buf;
+	size_t cap;
 };
 
-static void job_free(struct push_job *j)
+static void job_put(struct push_job *j)
 {
+	if (atomic_fetch_sub(&j->refs, 1) != 1)
+		return;
 	zfile_put(j->file);
 	free(j);
+}
+
+/* Job j's read may be answered now (rule 4). */
+static void job_started(struct pusher *p, struct push_job *j)
+{
+	if (atomic_exchange(&j->started, true))
+		return;
+	pthread_mutex_lock(&p->lock);
+	pthread_cond_broadcast(&p->started);
+	pthread_mutex_unlock(&p->lock);
 }
 
 static void scan_set(atomic_ulong *v, unsigned long x)
@@ -156,67 +196,85 @@ static int push_one(struct pusher *p, const struct push_job *j,
 }
 
 struct copy_call {
-	uint8_t *buf;
+	struct pusher *p;
 	size_t len;
+	bool done;
 };
 
 static int copy_reply(void *arg, const struct iovec *iov, int cnt)
 {
 	struct copy_call *c = arg;
+	struct pusher *p = c->p;
 	size_t done = 0;
 
 	if (!iov)
 		return 0; /* an error: no copy */
 	for (int k = 0; k < cnt; k++)
 		done += iov[k].iov_len;
-	if (done != c->len || !(c->buf = malloc(done)))
+	if (done != c->len)
 		return 0;
+	if (done > p->cap) {
+		uint8_t *b = realloc(p->buf, done);
+
+		if (!b)
+			return 0;
+		p->buf = b;
+		p->cap = done;
+	}
 	done = 0;
 	for (int k = 0; k < cnt; k++) {
-		memcpy(c->buf + done, iov[k].iov_base, iov[k].iov_len);
+		memcpy(p->buf + done, iov[k].iov_base, iov[k].iov_len);
 		done += iov[k].iov_len;
 	}
+	c->done = true;
 	return 0;
 }
 
-/* The bytes [lo, hi) of data file m for group g, through the cache (a
- * frame not there is decoded here, with plain reads; rule 3): a copy, or
- * NULL. */
-static uint8_t *copy_out(struct group *g, struct mapping *m, uint64_t lo,
-			 uint64_t hi)
+/* The bytes [lo, hi) of data file m for group g, through the cache and
+ * the pack's readahead ra (a frame not there is decoded here, with plain
+ * reads; rule 3), copied to p->buf: false if they could not be. */
+static bool copy_out(struct pusher *p, struct group *g, struct mapping *m,
+		     struct file_ra_state *ra, uint64_t lo, uint64_t hi)
 {
-	struct copy_call c = {NULL, hi - lo};
-	struct ra_request *r = malloc(sizeof(*r));
+	struct copy_call c = {p, hi - lo, false};
 
-	if (!r)
-		return NULL;
-	ra_request_init(r, m, NULL, g, NULL, lo, hi - lo, false);
-	r->rq.internal = true; /* not a reader's request */
-	r->rq.no_touch = true;
-	cache_read(&r->rq, copy_reply, &c);
-	free(r);
-	return c.buf;
+	ra_request_init(&p->rq, m, ra, g, NULL, lo, hi - lo, false);
+	p->rq.rq.internal = true; /* not a reader's request */
+	p->rq.rq.no_touch = true;
+	cache_read(&p->rq.rq, copy_reply, &c);
+	return c.done;
 }
 
 /* Push files f[0, n), of one frame; false once one was not stored (the
- * kernel refused it: a directory it has not listed yet), or on stop. */
-static bool push_run(struct pusher *p, const struct push_job *j,
+ * kernel refused it: a directory it has not listed yet), or on stop.  The
+ * copy of the frame of job j's own file starts with that file, the bytes
+ * its read takes, so that the pack's readahead sees the scan's order. */
+static bool push_run(struct pusher *p, struct push_job *j,
 		     const struct mf_neighbour *f, unsigned int n)
 {
+	struct mapping *m = j->file->mapping;
+	unsigned long i = mapping_index(m, f[0].data_off);
 	uint64_t lo = f[0].data_off, hi = f[n - 1].data_off + f[n - 1].size;
-	uint8_t *bytes = copy_out(j->group, j->file->mapping, lo, hi);
-	bool on = bytes != NULL;
+	bool on;
 
+	if (mapping_index(m, j->base) == i && j->base < lo)
+		lo = j->base;
+	on = copy_out(p, j->group, m, j->pack_ra, lo, hi);
 	for (unsigned int k = 0; on && k < n; k++) {
 		if (atomic_load(&p->stop) ||
-		    push_one(p, j, &f[k], bytes + (f[k].data_off - lo))) {
+		    push_one(p, j, &f[k], p->buf + (f[k].data_off - lo))) {
 			/* the scan's read of it goes on from there */
 			scan_set(&j->scan->at, f[k].ino);
 			scan_set(&j->scan->planned_hi, f[k].ino);
 			on = false;
 		}
+		job_started(p, j);
 	}
-	free(bytes);
+	if (p->cap > PUSH_BUF_KEEP) { /* a frame bigger than most */
+		free(p->buf);
+		p->buf = NULL;
+		p->cap = 0;
+	}
 	return on;
 }
 
@@ -226,7 +284,7 @@ static bool push_run(struct pusher *p, const struct push_job *j,
  * reads of files in the last of them, if it gets there first, start the
  * next push (the async marker of page_cache_async_ra()).
  */
-static void push_ahead(struct pusher *p, const struct push_job *j)
+static void push_ahead(struct pusher *p, struct push_job *j)
 {
 	struct mapping *m = j->file->mapping;
 	unsigned long i = mapping_index(m, j->base), last = i + PUSH_FRAMES;
@@ -279,14 +337,17 @@ static void *push_thread(void *arg)
 		if (!p->head)
 			p->tail = &p->head;
 		p->queued--;
+		p->busy = true;
 		pthread_mutex_unlock(&p->lock);
 		/* online as a worker is: it reads the cache, charges and may
 		 * reclaim (which frees folios through call_rcu()) */
 		cache_thread_online();
 		push_ahead(p, j);
-		job_free(j);
+		job_started(p, j);
+		job_put(j);
 		cache_thread_offline();
 		pthread_mutex_lock(&p->lock);
+		p->busy = false;
 	}
 	pthread_mutex_unlock(&p->lock);
 	cache_thread_online();
@@ -294,22 +355,34 @@ static void *push_thread(void *arg)
 	return NULL;
 }
 
+static void pusher_free(struct pusher *p)
+{
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->cond);
+	pthread_cond_destroy(&p->started);
+	free(p->buf);
+	free(p);
+}
+
 int push_start(struct dataset *ds)
 {
 	struct pusher *p = calloc(1, sizeof(*p));
+	pthread_condattr_t a;
 	int err;
 
 	if (!p)
 		return -ENOMEM;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->cond, NULL);
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(&p->started, &a);
+	pthread_condattr_destroy(&a);
 	p->tail = &p->head;
 	p->ds = ds;
 	err = pthread_create(&p->thread, NULL, push_thread, p);
 	if (err) {
-		pthread_mutex_destroy(&p->lock);
-		pthread_cond_destroy(&p->cond);
-		free(p);
+		pusher_free(p);
 		return -err;
 	}
 	ds->push = p;
@@ -317,27 +390,41 @@ int push_start(struct dataset *ds)
 }
 
 /* Before the workers stop (rule 1): the store under way ends (a worker
- * answers the fill it may wait on), what is queued is dropped. */
+ * answers the fill it may wait on), what is queued is dropped, and reads
+ * waiting for a job go on.  Workers still serving may call push_on_read()
+ * until they are joined: it queues nothing now, and the pusher stays
+ * allocated until push_free(). */
 void push_stop(struct dataset *ds)
 {
 	struct pusher *p = ds->push;
 	struct push_job *j;
 
-	if (!p)
+	if (!p || atomic_load(&p->stop))
 		return;
 	pthread_mutex_lock(&p->lock);
 	atomic_store(&p->stop, true);
 	pthread_cond_signal(&p->cond);
+	pthread_cond_broadcast(&p->started);
 	pthread_mutex_unlock(&p->lock);
 	pthread_join(p->thread, NULL);
+	pthread_mutex_lock(&p->lock);
 	while ((j = p->head)) {
 		p->head = j->next;
-		job_free(j);
+		atomic_store(&j->started, true);
+		job_put(j);
 	}
-	pthread_mutex_destroy(&p->lock);
-	pthread_cond_destroy(&p->cond);
+	p->tail = &p->head;
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* After the workers are joined. */
+void push_free(struct dataset *ds)
+{
+	if (!ds->push)
+		return;
+	push_stop(ds);
+	pusher_free(ds->push);
 	ds->push = NULL;
-	free(p);
 }
 
 /* Is a read of ino from its start a scan's next step that its push does
@@ -371,39 +458,84 @@ static bool scan_step(struct pusher *p, fuse_ino_t ino, struct scan **s)
 	return true;
 }
 
-static void queue_job(struct pusher *p, struct push_job *j)
+/* Queue job j; *wait: and wait for it to start (dropped unless the thread
+ * is idle, as it then starts at once).  False if j was dropped (and
+ * freed). */
+static bool queue_job(struct pusher *p, struct push_job *j, bool *wait)
 {
 	pthread_mutex_lock(&p->lock);
 	if (atomic_load(&p->stop) || p->queued >= PUSH_QUEUE_JOBS) {
 		pthread_mutex_unlock(&p->lock);
 		scan_set(&j->scan->planned_hi, 0); /* nothing covers it */
-		job_free(j);
-		return;
+		job_put(j);
+		if (*wait)
+			job_put(j);
+		return false;
+	}
+	if (*wait && (p->busy || p->queued)) {
+		*wait = false;
+		atomic_fetch_sub(&j->refs, 1);
 	}
 	p->queued++;
 	*p->tail = j;
 	p->tail = &j->next;
 	pthread_cond_signal(&p->cond);
 	pthread_mutex_unlock(&p->lock);
+	return true;
+}
+
+/* Rule 4: until job j has started, or PUSH_WAIT_US, offline. */
+static void wait_started(struct pusher *p, struct push_job *j)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_nsec += PUSH_WAIT_US * 1000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	cache_thread_offline();
+	pthread_mutex_lock(&p->lock);
+	while (!atomic_load(&j->started) && !atomic_load(&p->stop))
+		if (pthread_cond_timedwait(&p->started, &p->lock, &until))
+			break; /* ETIMEDOUT */
+	pthread_mutex_unlock(&p->lock);
+	cache_thread_online();
+	job_put(j);
+}
+
+/* Does the frame of [base, base + size) of m go on past it, with the next
+ * file packed there? */
+static bool frame_goes_on(const struct mapping *m, uint64_t base,
+			  uint64_t size)
+{
+	unsigned long i = mapping_index(m, base);
+
+	return mapping_index(m, base + size - 1) == i &&
+	       base + size < mapping_folio_pos(m, i) + mapping_folio_len(m, i);
 }
 
 /*
  * A read of [off, ...) of ino, the file [base, base + size) of data file
- * f (packed with others, or not), by (uid, pid), is about to be served:
- * if it is a scan's, the push of the files after it is queued for the
- * thread, which works beside the reply (the frame it copies from is the
- * one the read fills; it waits for it, or fills it first and the read
- * waits).  The worker only queues.
+ * f (packed with others in the pack whose readahead is pack_ra, or not),
+ * by (uid, pid), is about to be served: if it is a scan's, the push of
+ * the files after it is queued for the thread.  The worker only queues,
+ * and when the next file is in the same frame, waits for the push to
+ * start (rule 4): the thread copies from the frame this read takes,
+ * decoding it first if need be, and the read finds it there.
  */
 void push_on_read(struct dataset *ds, unsigned int uid, int pid,
-		  fuse_ino_t ino, struct zfile *f, bool packed, uint64_t base,
-		  uint64_t size, uint64_t off)
+		  fuse_ino_t ino, struct zfile *f,
+		  struct file_ra_state *pack_ra, uint64_t base, uint64_t size,
+		  uint64_t off)
 {
 	struct pusher *p = ds->push;
 	struct push_job *j;
 	struct scan *s;
+	bool wait;
 
-	if (!p || !f || !packed || off || !size || !scan_step(p, ino, &s))
+	if (!p || !f || !pack_ra || off || !size || !scan_step(p, ino, &s))
 		return;
 	j = calloc(1, sizeof(*j));
 	if (!j) {
@@ -411,12 +543,16 @@ void push_on_read(struct dataset *ds, unsigned int uid, int pid,
 		return;
 	}
 	mapping_get(f->mapping); /* a zfile's reference (zfile_put) */
+	wait = frame_goes_on(f->mapping, base, size);
 	*j = (struct push_job){
 		.group = group_for_request(&ds->cache.budget, uid, pid),
 		.ino = ino,
 		.scan = s,
 		.file = f,
+		.pack_ra = pack_ra,
 		.base = base,
-		.size = size};
-	queue_job(p, j);
+		.size = size,
+		.refs = wait ? 2 : 1};
+	if (queue_job(p, j, &wait) && wait)
+		wait_started(p, j);
 }

@@ -527,7 +527,11 @@ def test_push():
                     check(pushed == 0, "push=0 pushed %d pages" % pushed)
                     check(reads[push] >= len(names), "push=0: %d reads for %d files" % (
                         reads[push], len(names)))
-        check(reads["1"] < reads["0"], "pushes spared no read: %s" % reads)
+        # the read that starts a push waits for its first store, so the
+        # scan follows the pusher rather than racing it: 25-50 reads here
+        # when the machine is idle; the bound leaves room for a loaded one
+        check(reads["1"] * 2 < len(names), "pushes spared too few reads: %s for %d files" % (
+            reads, len(names)))
 
         # the budget holds: a tree of 12 MiB of small files at budget=4M
         src2 = d + "/big"
@@ -551,11 +555,11 @@ def test_push():
 
         # SIGTERM in the middle of a scan with pushes queued: the daemon
         # stops its pusher while the workers still answer the fills a
-        # store may wait on, and exits
+        # store may wait on, and exits.  A new mount's page cache is cold
+        # (no drop_caches: it would empty the mounts of tests run beside)
         for delay in (0.05, 0.2, 0.5):
             m = Mount(d + "/packed2", d + "/mnt", "ro,budget=4M")
             with m:
-                subprocess.run("sync; echo 3 > /proc/sys/vm/drop_caches", shell=True)
                 tar = subprocess.Popen("tar -C '%s' -cf - . | wc -c" % m.mnt, shell=True,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(delay)
