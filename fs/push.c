@@ -30,8 +30,9 @@
  * The rules, beside the kernel tier's (ktier.c):
  *  1. A store locks the file's pages, and a page the kernel locked for a
  *     fill stays locked until a worker answers that fill.  So stores run on
- *     a thread of their own, never on a worker (which only queues, at most
- *     PUSH_QUEUE_JOBS reads), and the thread is stopped while the workers
+ *     a thread of their own, never on a worker (which queues, at most
+ *     PUSH_QUEUE_JOBS reads, and may wait a bounded time: rule 4), and the
+ *     thread is stopped while the workers
  *     still answer fills (mount.c, loop_wait()).  A file the tier tracks
  *     (filled, or being filled: its fill reached a worker) is not pushed.
  *     Left: a fill the kernel has queued and no worker has read yet.  If
@@ -47,10 +48,15 @@
  *     not marked handed over either, so they age out of zfolio's cache as
  *     any other (handing over the frames a push stored whole cost more in
  *     decoding again than it saved: doc/BENCHMARKS.md).  The copies go
- *     through the pack's readahead, as the scan's reads do: the frames
- *     after them are read and decoded ahead, by the fill pool.
- *  4. The read that starts a push, when the next file is in its frame,
- *     waits for the push's first store before it is served, so the scan
+ *     through the pack's readahead, as the scan's reads would: a copy that
+ *     opens a window (a miss, or a readahead marker) reads and decodes it
+ *     before it returns, with the fill threads' help where they are idle,
+ *     so a disk's reads of a pack come in windows; the copies also move
+ *     the pack's read position ahead of the scan's.
+ *  4. The read that starts a push, when the next file is in its frame and
+ *     the thread is idle (so that the push starts at once: behind another
+ *     one the wait would mostly run out), waits for the push's first store
+ *     before it is served, so the scan
  *     goes on behind the pusher instead of racing it for the files just
  *     after (each one it reaches first is a read of its own).  The wait is
  *     offline and bounded (PUSH_WAIT_US), since the thread may itself wait
@@ -120,6 +126,7 @@ struct pusher {
 	bool busy;           /* the thread is on a job */
 	atomic_bool stop;
 	pthread_cond_t started; /* a job started (on CLOCK_MONOTONIC) */
+	bool can_wait;          /* ... if that clock could be set */
 	pthread_t thread;
 	struct dataset *ds;
 	/* a walk that goes down into a directory and back out is two scans:
@@ -375,7 +382,9 @@ int push_start(struct dataset *ds)
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->cond, NULL);
 	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	/* without it, deadlines would be read on the realtime clock, and
+	 * every wait would end at once: no harm, and no use */
+	p->can_wait = !pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
 	pthread_cond_init(&p->started, &a);
 	pthread_condattr_destroy(&a);
 	p->tail = &p->head;
@@ -397,7 +406,7 @@ int push_start(struct dataset *ds)
 void push_stop(struct dataset *ds)
 {
 	struct pusher *p = ds->push;
-	struct push_job *j;
+	struct push_job *j, *next;
 
 	if (!p || atomic_load(&p->stop))
 		return;
@@ -408,13 +417,16 @@ void push_stop(struct dataset *ds)
 	pthread_mutex_unlock(&p->lock);
 	pthread_join(p->thread, NULL);
 	pthread_mutex_lock(&p->lock);
-	while ((j = p->head)) {
-		p->head = j->next;
+	next = p->head;
+	p->head = NULL;
+	p->tail = &p->head;
+	p->queued = 0;
+	pthread_mutex_unlock(&p->lock);
+	while ((j = next)) {
+		next = j->next;
 		atomic_store(&j->started, true);
 		job_put(j);
 	}
-	p->tail = &p->head;
-	pthread_mutex_unlock(&p->lock);
 }
 
 /* After the workers are joined. */
@@ -458,9 +470,10 @@ static bool scan_step(struct pusher *p, fuse_ino_t ino, struct scan **s)
 	return true;
 }
 
-/* Queue job j; *wait: and wait for it to start (dropped unless the thread
- * is idle, as it then starts at once).  False if j was dropped (and
- * freed). */
+/* Queue job j.  *wait in: the caller would wait for j to start (j holds
+ * its reference too); out: it may (the thread is idle, so j starts at
+ * once), else that reference is given back.  False if the queue refused
+ * j (stopped, or full) and freed it. */
 static bool queue_job(struct pusher *p, struct push_job *j, bool *wait)
 {
 	pthread_mutex_lock(&p->lock);
@@ -521,9 +534,10 @@ static bool frame_goes_on(const struct mapping *m, uint64_t base,
  * f (packed with others in the pack whose readahead is pack_ra, or not),
  * by (uid, pid), is about to be served: if it is a scan's, the push of
  * the files after it is queued for the thread.  The worker only queues,
- * and when the next file is in the same frame, waits for the push to
- * start (rule 4): the thread copies from the frame this read takes,
- * decoding it first if need be, and the read finds it there.
+ * and when the next file is in the same frame and the thread is idle,
+ * waits for the push to start (rule 4): the thread copies from the frame
+ * this read takes, decoding it first if need be, and the read finds it
+ * there.
  */
 void push_on_read(struct dataset *ds, unsigned int uid, int pid,
 		  fuse_ino_t ino, struct zfile *f,
@@ -537,13 +551,13 @@ void push_on_read(struct dataset *ds, unsigned int uid, int pid,
 
 	if (!p || !f || !pack_ra || off || !size || !scan_step(p, ino, &s))
 		return;
-	j = calloc(1, sizeof(*j));
+	j = malloc(sizeof(*j));
 	if (!j) {
 		scan_set(&s->planned_hi, 0);
 		return;
 	}
 	mapping_get(f->mapping); /* a zfile's reference (zfile_put) */
-	wait = frame_goes_on(f->mapping, base, size);
+	wait = p->can_wait && frame_goes_on(f->mapping, base, size);
 	*j = (struct push_job){
 		.group = group_for_request(&ds->cache.budget, uid, pid),
 		.ino = ino,

@@ -83,7 +83,9 @@ struct packer {
 	pthread_t *tids;
 	pthread_mutex_t lock;
 	pthread_cond_t work, done;
-	unsigned int next, finished, generation;
+	/* under lock: the batch's jobs (njobs is the main thread's own, and
+	 * grows while the pool waits), the next to take, those done */
+	unsigned int batch_jobs, next, finished, generation;
 	bool stop;
 	int error;
 	/* totals */

@@ -83,12 +83,12 @@ static void *pool_main(void *arg)
 	pthread_mutex_lock(&pk->lock);
 	for (;;) {
 		while (!pk->stop && (pk->generation == gen ||
-				     pk->next >= pk->njobs))
+				     pk->next >= pk->batch_jobs))
 			pthread_cond_wait(&pk->work, &pk->lock);
 		if (pk->stop)
 			break;
 		gen = pk->generation;
-		while (pk->next < pk->njobs) {
+		while (pk->next < pk->batch_jobs) {
 			struct job *j = &pk->jobs[pk->next++];
 			size_t r;
 
@@ -107,7 +107,7 @@ static void *pool_main(void *arg)
 				pk->error = 1;
 			else
 				j->csize = r;
-			if (++pk->finished == pk->njobs)
+			if (++pk->finished == pk->batch_jobs)
 				pthread_cond_signal(&pk->done);
 		}
 	}
@@ -312,6 +312,7 @@ void finish_file(struct packer *pk, struct outfile *of)
 void run_batch(struct packer *pk)
 {
 	pthread_mutex_lock(&pk->lock);
+	pk->batch_jobs = pk->njobs;
 	pk->next = 0;
 	pk->finished = 0;
 	pk->generation++;
