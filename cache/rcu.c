@@ -19,12 +19,17 @@
  * freed, so the budget never lies, and the deferred pages are a statistic.
  * When reclaim is short of room while pages wait, cache_expedite() waits
  * for the callbacks queued so far (rcu_barrier) on the spot (expedited_gps).
- * call_rcu() wants an online caller: every thread that frees folios (the
- * workers, the reclaimer, tests) is registered with cache_thread_register().
+ * call_rcu() wants a registered caller: every thread that frees folios
+ * (the workers, the fill and push threads, the reclaimer, tests) is
+ * registered with cache_thread_register().  It may be offline (a fill
+ * evicts to make room while offline for its backing I/O): the queue it
+ * uses is the default one, never freed.
  *
  * ThreadSanitizer cannot see QSBR's ordering (plain stores and membarrier),
  * so under TSan each quiescent state is a release and each deferred free an
  * acquire on one address: the happens-before that QSBR really provides.
+ * And each folio queued is a release and its callback an acquire on the
+ * folio, for what an offline caller wrote before queueing it.
  */
 #include <stdlib.h>
 
@@ -59,6 +64,17 @@ static inline void tsan_barrier(void)
 {
 	__tsan_acquire(&barrier_token);
 }
+/* call_rcu()'s queue orders what its caller did before with the callback,
+ * even when the caller is offline (a fill evicting to make room): then no
+ * quiescent state of it comes between them */
+static inline void tsan_queued(void *obj)
+{
+	__tsan_release(obj);
+}
+static inline void tsan_dequeued(void *obj)
+{
+	__tsan_acquire(obj);
+}
 #else
 static inline void tsan_qs(void)
 {
@@ -71,6 +87,14 @@ static inline void tsan_freed(void)
 }
 static inline void tsan_barrier(void)
 {
+}
+static inline void tsan_queued(void *obj)
+{
+	(void)obj;
+}
+static inline void tsan_dequeued(void *obj)
+{
+	(void)obj;
 }
 #endif
 
@@ -128,6 +152,7 @@ static void folio_free_rcu(struct rcu_head *head)
 	struct folio *f = caa_container_of(head, struct folio, rcu);
 
 	tsan_gp();
+	tsan_dequeued(f);
 	if (f->data) {
 		struct cache *c = cache_of_group(f->group);
 
@@ -201,6 +226,7 @@ void folio_release_evicted(struct folio *f)
 		cache_buf_put(c, f->data, f->len);
 		f->data = NULL;
 	}
+	tsan_queued(f);
 	call_rcu(&f->rcu, folio_free_rcu);
 }
 

@@ -96,8 +96,10 @@ static struct {
 	struct furing_ent *retired;
 	size_t payload_size; /* from the INIT reply */
 	atomic_ulong requests; /* served over the ring */
-	bool serving;          /* every queue has an entry */
-	unsigned int queues, entries;
+	/* set by the main thread when the rings serve, read by workers
+	 * answering the control file */
+	atomic_bool serving; /* every queue has an entry */
+	atomic_uint queues, entries;
 } reg = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static __thread struct furing_ent *cur_ent;
@@ -122,19 +124,21 @@ void furing_set_payload(size_t max_write, unsigned int max_pages)
 void furing_set_state(bool serving, unsigned int queues,
 		      unsigned int entries)
 {
-	reg.serving = serving;
-	reg.queues = queues;
-	reg.entries = entries;
+	atomic_store(&reg.queues, queues);
+	atomic_store(&reg.entries, entries);
+	atomic_store(&reg.serving, serving); /* last: it says the rest holds */
 }
 
 /* The control file "transport": which, and what went over io_uring. */
 int furing_describe(char *buf, size_t len)
 {
+	bool on = atomic_load(&reg.serving);
+
 	return snprintf(buf, len,
 			"transport %s\nuring_queues %u\nuring_entries %u\n"
 			"uring_requests %lu\n",
-			reg.serving ? "uring" : "dev", reg.serving ? reg.queues : 0,
-			reg.serving ? reg.entries : 0,
+			on ? "uring" : "dev", on ? atomic_load(&reg.queues) : 0,
+			on ? atomic_load(&reg.entries) : 0,
 			atomic_load(&reg.requests));
 }
 

@@ -269,7 +269,10 @@ static void wake_handler(int sig)
  * session exited, and an exited session drops every request it reads, so
  * what is queued could not be served.
  */
-static volatile sig_atomic_t stop_signal;
+/* atomic, not just sig_atomic_t: the handler runs on whichever thread the
+ * signal lands on, and the main thread reads it (lock-free atomics are
+ * async-signal-safe) */
+static atomic_int stop_signal;
 
 static void stop_handler(int sig)
 {
