@@ -500,14 +500,8 @@ static bool queue_job(struct pusher *p, struct push_job *j, bool *wait)
 /* Rule 4: until job j has started, or PUSH_WAIT_US, offline. */
 static void wait_started(struct pusher *p, struct push_job *j)
 {
-	struct timespec until;
+	struct timespec until = deadline_after_us(CLOCK_MONOTONIC, PUSH_WAIT_US);
 
-	clock_gettime(CLOCK_MONOTONIC, &until);
-	until.tv_nsec += PUSH_WAIT_US * 1000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
 	cache_thread_offline();
 	pthread_mutex_lock(&p->lock);
 	while (!atomic_load(&j->started) && !atomic_load(&p->stop))
