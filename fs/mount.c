@@ -290,6 +290,25 @@ static int stop_signals_install(void)
 	return 0;
 }
 
+/*
+ * The threads serve() starts, ours and liburcu's, inherit a mask with the
+ * stop signals blocked, so a stop always lands on the main thread.  A
+ * handler run on another thread would do as well in a plain build, but a
+ * signal caught by a thread asleep in a raw futex call (liburcu's) may
+ * wait there for ever: sanitizers run a handler at the thread's next
+ * intercepted call.
+ */
+static void stop_signals_mask(int how, sigset_t *old)
+{
+	sigset_t stops;
+
+	sigemptyset(&stops);
+	sigaddset(&stops, SIGTERM);
+	sigaddset(&stops, SIGINT);
+	sigaddset(&stops, SIGHUP);
+	pthread_sigmask(how, &stops, old);
+}
+
 static long long monotonic_ms(void)
 {
 	struct timespec now;
@@ -899,11 +918,14 @@ static int serve(struct daemon *d)
 	unsigned int nq = furing_queues(), per_queue = d->opt.threads;
 	bool uring = d->opt.transport != TRANSPORT_DEV;
 	int ret = 0, report = detach(d->opt.foreground);
+	sigset_t mask;
 
 	if (report == -2) {
 		fuse_session_unmount(d->se);
 		return -1;
 	}
+	/* a stop that comes now is taken once they all run */
+	stop_signals_mask(SIG_BLOCK, &mask);
 	/* threads only after the fork: the daemon's copy has none of them */
 	if (inodes_init(&d->ds) || cache_start(&d->ds.cache) ||
 	    (d->opt.cache == CACHE_KERNEL &&
@@ -913,6 +935,7 @@ static int serve(struct daemon *d)
 	    loop_start(&lp, d->opt.threads,
 		       d->opt.threads + (uring ? nq * per_queue : 0))) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
+		pthread_sigmask(SIG_SETMASK, &mask, NULL);
 		push_free(&d->ds);
 		fuse_session_unmount(d->se);
 		return -1;
@@ -924,6 +947,7 @@ static int serve(struct daemon *d)
 	} else {
 		started(report);
 	}
+	pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	loop_wait(&lp);
 	ktier_disable(&d->ds.cache);
 	return ret;

@@ -222,6 +222,31 @@ def vmrss_kib(pid):
     return 0
 
 
+def threads_report(pid):
+    """Where each thread of a live process waits, for a hang's message:
+    name, kernel wait channel, system call, blocked and pending signals."""
+    lines = []
+    try:
+        tids = sorted(os.listdir("/proc/%d/task" % pid), key=int)
+    except OSError as e:
+        return "no threads to show: %s" % e
+    for tid in tids:
+        d = "/proc/%d/task/%s/" % (pid, tid)
+        try:
+            with open(d + "status") as f:
+                st = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+            with open(d + "wchan") as f:
+                wchan = f.read() or "-"
+            with open(d + "syscall") as f:
+                sysno = f.read().split()[0]
+        except OSError:
+            continue
+        lines.append("%s %s wchan=%s syscall=%s blocked=%s pending=%s" %
+                     (tid, st.get("Name", "?"), wchan, sysno, st.get("SigBlk", "?"),
+                      st.get("SigPnd", "?")))
+    return "\n".join(lines)
+
+
 def uring_enabled():
     try:
         with open(ENABLE_URING) as f:
