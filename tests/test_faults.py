@@ -318,6 +318,7 @@ def test_corrupt():
                     time.sleep(0.05)
             finally:
                 os.close(fd)
+        lie_with_pushes(d)
         # a seek table that lies: a clear error at open, the mount lives on
         with open(z, "r+b") as f:
             f.seek(-9, 2)
@@ -330,6 +331,83 @@ def test_corrupt():
                 check(e.errno == errno.EIO, "lying table: %s" % e)
             check("seek table" in m.output(), "no message for the lying table")
             check(os.listdir(d + "/mnt") == ["f"], "the mount died")
+
+
+def lie_with_pushes(d):
+    """The same lie under a scan of small files on an ro mount, where a
+    file's reader pushes the next files of its pack into the page cache
+    (fs/push.c): the pusher may be the one to catch the table.  No read
+    ever gives a wrong byte, the files of the lying frames fail, nothing
+    hangs, and once the table is caught the pack's files, pushed or
+    filled before, fail too."""
+    size = 3000
+    per_frame = FRAME // size  # small files are packed whole in a frame
+    # the lie far enough in that pushes run before a read ahead reaches it
+    lie, nfiles = 10, 16 * per_frame
+    rng = random.Random(7)
+    files = {"f%03d" % k: rng.randbytes(size) for k in range(nfiles)}
+    os.makedirs(d + "/src3")
+    for name, b in files.items():
+        with open(d + "/src3/" + name, "wb") as f:
+            f.write(b)
+    pack(d + "/src3", d + "/dst3", *AT_FRAME)
+    z = d + "/dst3/data/00000000.zst"
+    info = inspect_zst(z)
+    check(info["frames"] == 16 and info["frame_list"][0]["d_size"] == per_frame * size,
+          "the pack's frames: %s" % info["frame_list"][:2])
+    with open(z, "r+b") as f:  # two frames lie, the total kept
+        for i, delta in ((lie, -10), (lie + 1, 10)):
+            f.seek(info["table_offset"] + 8 + 12 * i + 4)
+            f.write(struct.pack("<I", info["frame_list"][i]["c_size"] + delta))
+    lying = {"f%03d" % k for k in range(lie * per_frame, (lie + 2) * per_frame)}
+
+    def scan(mnt):
+        """Read each file in the order tar does: {name: 'ok' | errno}."""
+        res = {}
+        for name in sorted(os.listdir(mnt)):
+            got = b""
+            try:
+                with open(os.path.join(mnt, name), "rb") as f:
+                    while True:
+                        b = f.read(1 << 16)
+                        if not b:
+                            break
+                        got += b
+                res[name] = "ok"
+            except OSError as e:
+                res[name] = e.errno
+            # whole, or a prefix and then an error: never a wrong byte
+            check(files[name][:len(got)] == got and
+                  (res[name] != "ok" or len(got) == size),
+                  "%s: %d bytes read, not the file's" % (name, len(got)))
+        return res
+
+    with Mount(d + "/dst3", d + "/mnt", "ro,budget=8M") as m:
+        first = scan(m.mnt)
+        check(first["f000"] == "ok", "the first file: %s" % first["f000"])
+        bad = {n: r for n, r in first.items() if n in lying and r != errno.EIO}
+        check(not bad, "files of the lying frames: %s" % bad)
+        check(set(r for r in first.values()) <= {"ok", errno.EIO},
+              "errors: %s" % set(first.values()))
+        pushed = int(m.stat()["kernel_pushes"])
+        check(pushed > 0, "nothing was pushed")
+        check("seek table" in m.output(), "no message for the table: %r" % m.output())
+        # caught: what the page cache holds of the pack goes (soon)
+        deadline, scans = time.time() + 5, 0
+        while True:
+            again = scan(m.mnt)
+            scans += 1
+            left = sorted(n for n, r in again.items() if r != errno.EIO)
+            if not left:
+                print("a lie under pushes: %d of %d files read, %d pages pushed, "
+                      "all EIO at scan %d after" % (
+                          sum(r == "ok" for r in first.values()), nfiles, pushed, scans))
+                break
+            check(time.time() < deadline,
+                  "%d files still read after the table was caught: %s" %
+                  (len(left), left[:5]))
+            time.sleep(0.1)
+        check(os.path.isdir(m.mnt + "/.zfolio"), "the mount died")
 
 
 def test_repacked():
