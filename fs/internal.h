@@ -428,6 +428,29 @@ unsigned int manifest_neighbours(struct dataset *ds, fuse_ino_t ino,
 				 struct mf_neighbour *out, unsigned int max);
 
 /* push.c: a scan's next files into the kernel page cache */
+/* Entries a scan may skip between two files read (directories, links,
+ * files it does not read). */
+#define PUSH_GAP 256
+/* Scans followed at once (directory depth a walk comes back through). */
+#define PUSH_CURSORS 8
+/*
+ * A scan.  Relaxed atomics, all: a stale value costs a push done twice
+ * (the tier check passes over its files) or one not done.  at: the inode
+ * after the last one read or pushed, where the scan goes on (0: free);
+ * [planned_lo, planned_hi): the inodes its queued or running push covers
+ * (a guess of PUSH_GAP until the thread knows).
+ */
+struct scan {
+	atomic_ulong at, planned_lo, planned_hi;
+};
+/* The scans a pusher follows.  A walk that goes down into a directory and
+ * back out is two: the manifest holds a directory's files before its
+ * subdirectories'.  A read that is no scan's takes the oldest. */
+struct push_scans {
+	struct scan s[PUSH_CURSORS];
+	atomic_uint victim;
+};
+bool push_scan_step(struct push_scans *sc, fuse_ino_t ino, struct scan **s);
 int push_start(struct dataset *ds);
 void push_stop(struct dataset *ds);
 void push_free(struct dataset *ds);

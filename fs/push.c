@@ -71,9 +71,6 @@
 
 #include "internal.h"
 
-/* Entries a scan may skip between two files read (directories, links,
- * files it does not read). */
-#define PUSH_GAP 256
 /* Frames of a pack pushed past the one read: more is further ahead of the
  * scan, but one thread decodes them in turn, and the scan overtakes it
  * (doc/BENCHMARKS.md, "A scan's next files pushed") */
@@ -81,8 +78,6 @@
 /* Files pushed after one read, at most: two 128 KiB frames of 1 KiB
  * files. */
 #define PUSH_MAX_FILES 256
-/* Scans followed at once (directory depth a walk comes back through). */
-#define PUSH_CURSORS 8
 /* Reads queued for the thread, at most; a worker drops one beyond. */
 #define PUSH_QUEUE_JOBS 16
 /* How long a read that starts a push waits for it to start, at most
@@ -90,17 +85,6 @@
 #define PUSH_WAIT_US 2000
 /* The copy buffer is kept for the next push up to this size. */
 #define PUSH_BUF_KEEP (1u << 20)
-
-/*
- * A scan.  Relaxed atomics, all: a stale value costs a push done twice
- * (the tier check passes over its files) or one not done.  at: the inode
- * after the last one read or pushed, where the scan goes on (0: free);
- * [planned_lo, planned_hi): the inodes its queued or running push covers
- * (a guess of PUSH_GAP until the thread knows).
- */
-struct scan {
-	atomic_ulong at, planned_lo, planned_hi;
-};
 
 /* A scan's read: the file after which to push.  group and pack_ra (the
  * pack's readahead) stay valid: groups are freed with the budget, pack_ra
@@ -129,11 +113,7 @@ struct pusher {
 	bool can_wait;          /* ... if that clock could be set */
 	pthread_t thread;
 	struct dataset *ds;
-	/* a walk that goes down into a directory and back out is two scans:
-	 * the manifest holds a directory's files before its subdirectories'.
-	 * A read that is no scan's takes the oldest. */
-	struct scan scans[PUSH_CURSORS];
-	atomic_uint victim;
+	struct push_scans scans;
 	/* the thread's: the files of a push, the cache request copying them
 	 * out, and the copy */
 	struct mf_neighbour files[PUSH_MAX_FILES];
@@ -441,26 +421,26 @@ void push_free(struct dataset *ds)
 
 /* Is a read of ino from its start a scan's next step that its push does
  * not cover?  *s: the scan, whose place it takes either way. */
-static bool scan_step(struct pusher *p, fuse_ino_t ino, struct scan **s)
+bool push_scan_step(struct push_scans *sc, fuse_ino_t ino, struct scan **s)
 {
 	unsigned long at = 0;
 	unsigned int c;
 
 	for (c = 0; c < PUSH_CURSORS; c++) {
-		at = scan_get(&p->scans[c].at);
+		at = scan_get(&sc->s[c].at);
 		if (at && ino >= at && ino - at < PUSH_GAP)
 			break;
 	}
 	if (c == PUSH_CURSORS) { /* no scan's: a new one, maybe */
-		c = atomic_fetch_add_explicit(&p->victim, 1,
+		c = atomic_fetch_add_explicit(&sc->victim, 1,
 					      memory_order_relaxed) %
 		    PUSH_CURSORS;
-		*s = &p->scans[c];
+		*s = &sc->s[c];
 		scan_set(&(*s)->at, ino + 1);
 		scan_set(&(*s)->planned_hi, 0);
 		return false;
 	}
-	*s = &p->scans[c];
+	*s = &sc->s[c];
 	scan_set(&(*s)->at, ino + 1);
 	if (ino >= scan_get(&(*s)->planned_lo) &&
 	    ino < scan_get(&(*s)->planned_hi))
@@ -543,7 +523,7 @@ void push_on_read(struct dataset *ds, unsigned int uid, int pid,
 	struct scan *s;
 	bool wait;
 
-	if (!p || !f || !pack_ra || off || !size || !scan_step(p, ino, &s))
+	if (!p || !f || !pack_ra || off || !size || !push_scan_step(&p->scans, ino, &s))
 		return;
 	j = malloc(sizeof(*j));
 	if (!j) {
