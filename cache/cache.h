@@ -370,6 +370,7 @@ typedef void (*ktier_invalidate_fn)(uint64_t id, uint64_t off, uint64_t len,
 				    void *priv);
 int ktier_enable(struct cache *c, ktier_invalidate_fn invalidate,
 		 void *priv);
+void ktier_halt(struct cache *c);
 void ktier_disable(struct cache *c);
 /* [pos, pos + len) of file id (of size bytes) is being filled into the
  * page cache (the kernel has its pages): charged; and that fill is done,

@@ -111,6 +111,7 @@ struct ktier {
 	pthread_cond_t cond;        /* queue not empty, or stop */
 	pthread_cond_t drained;     /* the thread dropped a batch */
 	bool stop, running;
+	bool halt; /* stop without dropping what is queued */
 	pthread_t thread;
 	ktier_invalidate_fn invalidate;
 	void *priv;
@@ -674,7 +675,7 @@ static void *kt_thread(void *arg)
 	for (;;) {
 		while (cds_list_empty(&kt->queue) && !kt->stop)
 			pthread_cond_wait(&kt->cond, &kt->lock);
-		if (cds_list_empty(&kt->queue))
+		if (cds_list_empty(&kt->queue) || kt->halt)
 			break;
 		CDS_INIT_LIST_HEAD(&todo);
 		cds_list_splice(&kt->queue, &todo);
@@ -717,22 +718,52 @@ int ktier_enable(struct cache *cache, ktier_invalidate_fn invalidate,
 	return 0;
 }
 
-/* Stop the thread once the queue is empty; the tier keeps counting
- * nothing more (fills after it are not tracked). */
+static void kt_stop_thread(struct ktier *kt, bool halt)
+{
+	if (!kt->running)
+		return;
+	pthread_mutex_lock(&kt->lock);
+	kt->stop = true;
+	kt->halt = halt;
+	pthread_cond_signal(&kt->cond);
+	pthread_mutex_unlock(&kt->lock);
+	pthread_join(kt->thread, NULL);
+	kt->running = false;
+}
+
+/*
+ * At unmount, while the workers still serve: the thread ends the batch it
+ * is dropping and stops, leaving the rest (the kernel's cache goes with
+ * the mount).  Fills go on being counted; what they queue stays.  The
+ * thread writes to /dev/fuse, which closes after the workers stop, and a
+ * fill the kernel queued after a chunk was (rule 1 cannot know of it)
+ * holds pages an invalidation would wait on until a worker answers.
+ */
+void ktier_halt(struct cache *cache)
+{
+	if (cache->kt)
+		kt_stop_thread(cache->kt, true);
+}
+
+/* Stop the thread once the queue is empty (unless halted: then what is
+ * queued is freed); the tier keeps counting nothing more (fills after it
+ * are not tracked). */
 void ktier_disable(struct cache *cache)
 {
 	struct ktier *kt = cache->kt;
 	struct kt_file *f;
+	struct kt_chunk *c, *next;
 	struct cds_hlist_node *pos, *tmp;
 
 	if (!kt)
 		return;
-	pthread_mutex_lock(&kt->lock);
-	kt->stop = true;
-	pthread_cond_signal(&kt->cond);
-	pthread_mutex_unlock(&kt->lock);
-	pthread_join(kt->thread, NULL);
+	kt_stop_thread(kt, false);
 	cache->kt = NULL;
+	/* uncharged when they were queued */
+	cds_list_for_each_entry_safe(c, next, &kt->queue, lru) {
+		cds_list_del(&c->lru);
+		free(c);
+	}
 	for (unsigned int b = 0; b < (1u << KT_HASH_BITS); b++)
 		cds_hlist_for_each_entry_safe(f, pos, tmp, &kt->hash[b], hnode)
 			kt_file_drop(f);

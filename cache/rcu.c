@@ -35,68 +35,36 @@
 
 #include "internal.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define ZF_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define ZF_TSAN 1
-#endif
-#endif
-
-#ifdef ZF_TSAN
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
 static char gp_token, barrier_token;
+
 static inline void tsan_qs(void)
 {
-	__tsan_release(&gp_token);
+	tsan_release(&gp_token);
 }
 static inline void tsan_gp(void)
 {
-	__tsan_acquire(&gp_token);
+	tsan_acquire(&gp_token);
 }
 /* a deferred free is done: what rcu_barrier() waits for */
 static inline void tsan_freed(void)
 {
-	__tsan_release(&barrier_token);
+	tsan_release(&barrier_token);
 }
 static inline void tsan_barrier(void)
 {
-	__tsan_acquire(&barrier_token);
+	tsan_acquire(&barrier_token);
 }
 /* call_rcu()'s queue orders what its caller did before with the callback,
  * even when the caller is offline (a fill evicting to make room): then no
  * quiescent state of it comes between them */
 static inline void tsan_queued(void *obj)
 {
-	__tsan_release(obj);
+	tsan_release(obj);
 }
 static inline void tsan_dequeued(void *obj)
 {
-	__tsan_acquire(obj);
+	tsan_acquire(obj);
 }
-#else
-static inline void tsan_qs(void)
-{
-}
-static inline void tsan_gp(void)
-{
-}
-static inline void tsan_freed(void)
-{
-}
-static inline void tsan_barrier(void)
-{
-}
-static inline void tsan_queued(void *obj)
-{
-	(void)obj;
-}
-static inline void tsan_dequeued(void *obj)
-{
-	(void)obj;
-}
-#endif
 
 void cache_thread_register(void)
 {

@@ -5,7 +5,7 @@
  * includes nothing of theirs.
  *
  *  - sizes as users write them ("64M", "1.5G", "max");
- *  - deadlines for timed waits;
+ *  - deadlines for timed waits, and orderings to tell ThreadSanitizer;
  *  - bounded text building, and JSON strings and values on top of it;
  *  - the vocabulary of the control directory: the statistics, declared once
  *    in ZF_STAT_LIST, from which accounting/ builds its counters, memory.stat
@@ -28,6 +28,41 @@ static inline unsigned long pages_of_bytes(uint64_t bytes)
 {
 	return (unsigned long)((bytes + ZF_PAGE_SIZE - 1) >> ZF_PAGE_SHIFT);
 }
+
+/*
+ * An ordering ThreadSanitizer cannot see (QSBR's grace periods, memory the
+ * kernel maps again at an address another thread used): a release on a
+ * token by one thread, then an acquire of it by another.  Nothing in other
+ * builds.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define ZF_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ZF_TSAN 1
+#endif
+#endif
+#ifdef ZF_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+static inline void tsan_release(void *token)
+{
+	__tsan_release(token);
+}
+static inline void tsan_acquire(void *token)
+{
+	__tsan_acquire(token);
+}
+#else
+static inline void tsan_release(void *token)
+{
+	(void)token;
+}
+static inline void tsan_acquire(void *token)
+{
+	(void)token;
+}
+#endif
 
 /* The time us microseconds from now on clock clk, for a timed wait. */
 static inline struct timespec deadline_after_us(clockid_t clk, long us)

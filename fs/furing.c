@@ -103,6 +103,10 @@ static struct {
 } reg = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static __thread struct furing_ent *cur_ent;
+/* A ring's memory is mapped from the kernel (by a raw mmap that TSan does
+ * not see), and a ring set up after another is gone may get its addresses:
+ * its unmapping comes before the new mapping. */
+static char ring_token;
 static long spin_ns; /* uring_poll_us */
 
 void furing_set_poll(unsigned int us)
@@ -213,6 +217,7 @@ int furing_ent_new(struct fuse_session *se, unsigned int qid, bool refuse,
 	err = io_uring_queue_init_params(4, &e->ring, &p);
 	if (err)
 		goto fail;
+	tsan_acquire(&ring_token);
 	iov[0] = (struct iovec){e->hdr, sizeof(*e->hdr)};
 	iov[1] = (struct iovec){e->buf + REQ_FRONT, e->payload_size};
 	if (refuse) /* the test hook: a header the kernel must refuse */
@@ -245,6 +250,7 @@ int furing_ent_new(struct fuse_session *se, unsigned int qid, bool refuse,
 		*out = e;
 		return 0;
 	}
+	tsan_release(&ring_token);
 	io_uring_queue_exit(&e->ring);
 fail:
 	free(e->hdr);
@@ -441,6 +447,7 @@ void furing_ent_free(struct furing_ent *e)
 	worker_reply_out();
 	if (cur_ent == e)
 		cur_ent = NULL;
+	tsan_release(&ring_token);
 	io_uring_queue_exit(&e->ring);
 	/*
 	 * The kernel tears its side of the entry down after the ring is gone

@@ -564,6 +564,7 @@ static void loop_wait(struct loop *lp)
 	/* while the workers still answer fills: a store waits on the pages
 	 * of a fill in flight (push.c) */
 	push_stop(lp->ds);
+	ktier_halt(&lp->ds->cache); /* the same, for its invalidations */
 	loop_stop(lp);
 	push_free(lp->ds); /* no worker can reach it now */
 	/* detach the mount; closing /dev/fuse later aborts what is queued */

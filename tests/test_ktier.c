@@ -193,6 +193,34 @@ static void test_evict_oldest(void)
 	cache_thread_unregister();
 }
 
+/* At unmount the thread halts while fills go on: nothing more is dropped
+ * (its /dev/fuse is about to close), the budget still holds, fills never
+ * wait for a thread that is gone, and what stays queued is freed. */
+static void test_halt(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+	unsigned long max = 256, dropped;
+
+	cache_thread_register();
+	start(&c, max);
+	for (uint64_t pos = 0; pos < (4 << 20); pos += 128 << 10)
+		fill(&c, g, 2, pos, 128 << 10);
+	settle(&c);
+	ktier_halt(&c);
+	dropped = fk.invalidations;
+	for (uint64_t pos = 4 << 20; pos < (8 << 20); pos += 128 << 10) {
+		fill(&c, g, 2, pos, 128 << 10);
+		CHECK(counter_read(&g->mem) <= (long)max);
+	}
+	CHECK_EQ(fk.invalidations, dropped);
+	CHECK(ktier_queued(&c) > 0);
+	ktier_halt(&c); /* twice: nothing */
+	stop(&c); /* frees the queue (ASan's leak check) */
+	CHECK_EQ(fk.invalidations, dropped);
+	cache_thread_unregister();
+}
+
 /*
  * A fill in flight (its pages locked in the kernel) is never dropped: the
  * invalidation would wait for the fill, and if the daemon died meanwhile,
@@ -660,6 +688,7 @@ int main(void)
 	RUN(test_charge_once);
 	RUN(test_tracks);
 	RUN(test_evict_oldest);
+	RUN(test_halt);
 	RUN(test_in_flight);
 	RUN(test_refaults);
 	RUN(test_hand_over);
