@@ -38,6 +38,9 @@
  *     gone before more come in), a delay and never a deadlock.
  *  3. The tier's lock is never held while charging with reclaim: a charge
  *     that needs reclaim drops the lock first (reclaim takes it to evict).
+ *  4. At unmount the thread halts while the workers still answer
+ *     (ktier_halt()): no drop then waits on a fill no worker will answer,
+ *     and none is written to /dev/fuse after it closes.
  *
  * Refaults (mm/workingset.c): hits are invisible, so what is hot is learnt
  * from evictions.  An evicted chunk leaves a shadow, the tier's eviction
@@ -732,12 +735,12 @@ static void kt_stop_thread(struct ktier *kt, bool halt)
 }
 
 /*
- * At unmount, while the workers still serve: the thread ends the batch it
- * is dropping and stops, leaving the rest (the kernel's cache goes with
- * the mount).  Fills go on being counted; what they queue stays.  The
- * thread writes to /dev/fuse, which closes after the workers stop, and a
- * fill the kernel queued after a chunk was (rule 1 cannot know of it)
- * holds pages an invalidation would wait on until a worker answers.
+ * At unmount, while the workers still serve (rule 4): the thread ends the
+ * batch it is dropping and stops, leaving the rest (the kernel's cache
+ * goes with the mount).  Fills go on being counted; what they queue stays.
+ * The thread writes to /dev/fuse, which closes after the workers stop, and
+ * a fill the kernel queued after a chunk was (rule 1's case left) holds
+ * pages an invalidation would wait on until a worker answers.
  */
 void ktier_halt(struct cache *cache)
 {
