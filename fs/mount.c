@@ -293,10 +293,10 @@ static int stop_signals_install(void)
 /*
  * The threads serve() starts, ours and liburcu's, inherit a mask with the
  * stop signals blocked, so a stop always lands on the main thread.  A
- * handler run on another thread would do as well in a plain build, but a
- * signal caught by a thread asleep in a raw futex call (liburcu's) may
- * wait there for ever: sanitizers run a handler at the thread's next
- * intercepted call.
+ * handler run on another thread would do as well in a plain build, but
+ * under ThreadSanitizer a handler runs at its thread's next intercepted
+ * call, and liburcu's threads sleep in raw futex calls: a stop caught by
+ * one of them waited there until something woke it.
  */
 static void stop_signals_mask(int how, sigset_t *old)
 {
