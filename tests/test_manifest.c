@@ -20,12 +20,11 @@
 #define SMALL_MAX 4096 /* mkzfolio --small: bigger files are data files */
 #define MAXN 2048
 
-static char root[] = "/tmp/zfolio-manifest-XXXXXX";
-static char src[64], dst[64];
+static char root[128], src[160], dst[160];
 
 static void put(const char *name, size_t size)
 {
-	char path[256];
+	char path[320];
 	int fd;
 
 	snprintf(path, sizeof(path), "%s/%s", src, name);
@@ -43,7 +42,7 @@ static void put(const char *name, size_t size)
 
 static void make_dir(const char *name)
 {
-	char path[256];
+	char path[320];
 
 	snprintf(path, sizeof(path), "%s/%s", src, name);
 	CHECK(mkdir(path, 0755) == 0);
@@ -128,7 +127,7 @@ static const char *const kinds_all[] = {"f01", "f02", "f04", "f06",
 
 static void make_kinds(void)
 {
-	char path[256], to[256];
+	char path[320], to[320];
 
 	put("f00", 1000);
 	put("f01", 1100);
@@ -280,7 +279,7 @@ static void make_gap(const char *dir, unsigned int n, bool big)
 		if (big) {
 			put(name, SMALL_MAX + 1);
 		} else {
-			char path[256];
+			char path[320];
 
 			snprintf(path, sizeof(path), "%s/%s", src, name);
 			CHECK(symlink("a", path) == 0);
@@ -292,16 +291,32 @@ static void make_gap(const char *dir, unsigned int n, bool big)
 
 static void remove_tree(void)
 {
-	char cmd[128];
+	char cmd[sizeof(root) + 16];
 
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	(void)!system(cmd);
 }
 
+static int run_tests(void)
+{
+	if (!open_dataset())
+		return 1;
+	RUN(test_kinds);
+	RUN(test_frames);
+	RUN(test_limits);
+	close_dataset();
+	return check_done();
+}
+
 int main(void)
 {
+	const char *tmp = getenv("TMPDIR");
 	char name[32];
+	int status = 0;
+	pid_t pid;
 
+	snprintf(root, sizeof(root), "%s/zfolio-manifest-XXXXXX",
+		 tmp && *tmp ? tmp : "/tmp");
 	if (!mkdtemp(root))
 		return 1;
 	snprintf(src, sizeof(src), "%s/src", root);
@@ -317,15 +332,20 @@ int main(void)
 	make_gap("big32", 32, true);
 	make_gap("links1000", 1000, false);
 	make_gap("links1030", 1030, false);
-	if (check_failures || !pack() || !open_dataset()) {
+	if (check_failures || !pack()) {
 		fprintf(stderr, "cannot make the dataset\n");
 		remove_tree();
 		return 1;
 	}
-	RUN(test_kinds);
-	RUN(test_frames);
-	RUN(test_limits);
-	close_dataset();
+	/* in a child, so that the tree goes however the tests end */
+	pid = fork();
+	if (pid == 0)
+		exit(run_tests());
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		status = -1;
 	remove_tree();
-	return check_done();
+	if (WIFSIGNALED(status))
+		fprintf(stderr, "the tests died of signal %d\n",
+			WTERMSIG(status));
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
