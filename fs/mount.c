@@ -269,8 +269,9 @@ static void wake_handler(int sig)
  * session exited, and an exited session drops every request it reads, so
  * what is queued could not be served.
  */
-/* atomic, not just sig_atomic_t: the handler runs on whichever thread the
- * signal lands on, and the main thread reads it (lock-free atomics are
+static const int stop_signals[] = {SIGTERM, SIGINT, SIGHUP};
+/* atomic, not just sig_atomic_t: before serve() masks them, a stop may
+ * land on any thread, and the main thread reads it (lock-free atomics are
  * async-signal-safe) */
 static atomic_int stop_signal;
 
@@ -284,10 +285,11 @@ static int stop_signals_install(void)
 	struct sigaction sa = {.sa_handler = stop_handler}; /* no SA_RESTART */
 	struct sigaction ign = {.sa_handler = SIG_IGN};
 
-	if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL) ||
-	    sigaction(SIGHUP, &sa, NULL) || sigaction(SIGPIPE, &ign, NULL))
-		return -errno;
-	return 0;
+	for (size_t i = 0; i < sizeof(stop_signals) / sizeof(*stop_signals);
+	     i++)
+		if (sigaction(stop_signals[i], &sa, NULL))
+			return -errno;
+	return sigaction(SIGPIPE, &ign, NULL) ? -errno : 0;
 }
 
 /*
@@ -303,9 +305,9 @@ static void stop_signals_mask(int how, sigset_t *old)
 	sigset_t stops;
 
 	sigemptyset(&stops);
-	sigaddset(&stops, SIGTERM);
-	sigaddset(&stops, SIGINT);
-	sigaddset(&stops, SIGHUP);
+	for (size_t i = 0; i < sizeof(stop_signals) / sizeof(*stop_signals);
+	     i++)
+		sigaddset(&stops, stop_signals[i]);
 	pthread_sigmask(how, &stops, old);
 }
 

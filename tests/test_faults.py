@@ -623,14 +623,9 @@ def test_signals():
                 # there until something woke that thread
                 stops = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1)) | \
                     (1 << (signal.SIGHUP - 1))
-                for tid in os.listdir("/proc/%d/task" % m.pid):
-                    if int(tid) == m.pid:
-                        continue
-                    with open("/proc/%d/task/%s/status" % (m.pid, tid)) as f:
-                        blk = [int(line.split()[1], 16) for line in f
-                               if line.startswith("SigBlk:")][0]
-                    check(blk & stops == stops, "thread %s takes stop signals:\n%s" %
-                          (tid, threads_report(m.pid)))
+                for tid, st in thread_states(m.pid).items():
+                    check(tid == m.pid or int(st["SigBlk"], 16) & stops == stops,
+                          "thread %d takes stop signals:\n%s" % (tid, threads_report(m.pid)))
                 t = time.monotonic()
                 m.proc.send_signal(sig)
                 while is_mounted(mnt) and time.monotonic() - t < 10:

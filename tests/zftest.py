@@ -222,29 +222,36 @@ def vmrss_kib(pid):
     return 0
 
 
-def threads_report(pid):
-    """Where each thread of a live process waits, for a hang's message:
-    name, kernel wait channel, system call, blocked and pending signals."""
-    lines = []
-    try:
-        tids = sorted(os.listdir("/proc/%d/task" % pid), key=int)
-    except OSError as e:
-        return "no threads to show: %s" % e
-    for tid in tids:
+def thread_states(pid):
+    """Each thread of a live process: {tid: its /proc status fields, with
+    "wchan" and "syscall" added}; a thread that ended meanwhile is left out."""
+    states = {}
+    for tid in sorted(os.listdir("/proc/%d/task" % pid), key=int):
         d = "/proc/%d/task/%s/" % (pid, tid)
         try:
             with open(d + "status") as f:
                 st = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
             with open(d + "wchan") as f:
-                wchan = f.read() or "-"
+                st["wchan"] = f.read() or "-"
             with open(d + "syscall") as f:
-                sysno = f.read().split()[0]
+                st["syscall"] = f.read().split()[0]
         except OSError:
             continue
-        lines.append("%s %s wchan=%s syscall=%s blocked=%s pending=%s" %
-                     (tid, st.get("Name", "?"), wchan, sysno, st.get("SigBlk", "?"),
-                      st.get("SigPnd", "?")))
-    return "\n".join(lines)
+        states[int(tid)] = st
+    return states
+
+
+def threads_report(pid):
+    """Where each thread of a live process waits, for a hang's message:
+    name, kernel wait channel, system call, blocked and pending signals."""
+    try:
+        states = thread_states(pid)
+    except OSError as e:
+        return "no threads to show: %s" % e
+    return "\n".join("%d %s wchan=%s syscall=%s blocked=%s pending=%s" %
+                     (tid, st.get("Name", "?"), st["wchan"], st["syscall"],
+                      st.get("SigBlk", "?"), st.get("SigPnd", "?"))
+                     for tid, st in states.items())
 
 
 def uring_enabled():
