@@ -22,7 +22,8 @@
  * waits (uninterruptibly) for any fill of those pages in flight; that fill
  * waits for a worker to answer it, and if the daemon is killed, for ever:
  * the stuck thread keeps /dev/fuse open, so the kernel never aborts the
- * fills, and readers and daemon hang.  So:
+ * fills, and readers and daemon hang (until the daemon's watchdog aborts
+ * the connection, fs/watchdog.c).  So:
  *  1. A range is dropped only when each of its pages was filled and its
  *     fill answered: a fill marks its chunks' pages pending from
  *     ktier_fill_begin() (on arrival: the kernel has the pages, so they

@@ -526,6 +526,8 @@ long fault_direct(long res);
 int fault_uring_submit(void);
 int fault_uring_wait(void);
 bool fault_uring_register(void);
+void fault_hold_fill(struct fuse_session *se, fuse_ino_t ino, off_t off,
+		     size_t len);
 
 /* ctl.c: the control files, declared once in ctl_files[] */
 #define CTL_DIR_ID (-1)
@@ -558,6 +560,23 @@ enum zlog_to { ZLOG_STDERR, ZLOG_SYSLOG, ZLOG_NONE };
 void zlog_init(enum zlog_to to);
 void zlog_file(const char *what, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* watchdog.c: aborts the connection of a daemon that died stuck */
+struct watchdog {
+	pid_t pid;               /* -1: none */
+	int fd;                  /* the pipe to it */
+	char dev[32];            /* the mount's MAJOR:MINOR */
+	char mountpoint[PATH_MAX];
+};
+/* Fork it, once mounted and before any thread of ours: 0, or -1 (none). */
+int watchdog_start(struct watchdog *wd, const char *mountpoint,
+		   bool foreground);
+/* The daemon stops as it should: the watchdog leaves. */
+void watchdog_stop(struct watchdog *wd);
+/* The mount at path in /proc/self/mountinfo: its type and source, and
+ * its device as MAJOR:MINOR (dev: NULL or 32 bytes). */
+bool mount_find(const char *path, char *type, char *source, size_t len,
+		char *dev);
 
 /* Wait up to ms for s: 0, or -ETIMEDOUT, -EINTR. */
 static inline int sem_wait_ms(sem_t *s, long ms)

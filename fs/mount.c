@@ -138,37 +138,6 @@ static int opt_proc(void *data, const char *arg, int key,
 	return 1;
 }
 
-/* The mount at path in /proc/self/mountinfo: its type and source, and
- * its device as MAJOR:MINOR (dev: NULL or 32 bytes). */
-static bool find_mount(const char *path, char *type, char *source,
-		       size_t len, char *dev)
-{
-	char line[8192], mp[PATH_MAX], fstype[PATH_MAX], src[PATH_MAX];
-	char devno[32];
-	FILE *f = fopen("/proc/self/mountinfo", "re");
-	bool found = false;
-
-	if (!f)
-		return false;
-	while (!found && fgets(line, sizeof(line), f)) {
-		char *sep = strstr(line, " - ");
-
-		if (!sep ||
-		    sscanf(line, "%*s %*s %31s %*s %4095s", devno, mp) != 2 ||
-		    sscanf(sep + 3, "%4095s %4095s", fstype, src) != 2)
-			continue;
-		found = strcmp(mp, path) == 0;
-	}
-	fclose(f);
-	if (found && dev)
-		snprintf(dev, 32, "%s", devno);
-	if (found) {
-		snprintf(type, len, "%s", fstype);
-		snprintf(source, len, "%s", src);
-	}
-	return found;
-}
-
 static int check_mountpoint(const char *mp, bool nonempty)
 {
 	char real[PATH_MAX], type[PATH_MAX], source[PATH_MAX];
@@ -188,7 +157,7 @@ static int check_mountpoint(const char *mp, bool nonempty)
 			strerror(errno));
 		return -1;
 	}
-	if (realpath(mp, real) && find_mount(real, type, source,
+	if (realpath(mp, real) && mount_find(real, type, source,
 					     sizeof(type), NULL)) {
 		closedir(dir);
 		fprintf(stderr,
@@ -820,7 +789,7 @@ static void kernel_readahead(struct daemon *d)
 
 	if (d->opt.cache != CACHE_KERNEL || kra <= 128 ||
 	    initio_wait(10000) < 0 || !realpath(d->fopts.mountpoint, real) ||
-	    !find_mount(real, type, source, sizeof(type), dev))
+	    !mount_find(real, type, source, sizeof(type), dev))
 		return;
 	snprintf(path, sizeof(path), "/sys/class/bdi/%s/read_ahead_kb", dev);
 	f = fopen(path, "we");
@@ -921,12 +890,17 @@ static int serve(struct daemon *d)
 	unsigned int nq = furing_queues(), per_queue = d->opt.threads;
 	bool uring = d->opt.transport != TRANSPORT_DEV;
 	int ret = 0, report = detach(d->opt.foreground);
+	struct watchdog wd;
 	sigset_t mask;
 
 	if (report == -2) {
 		fuse_session_unmount(d->se);
 		return -1;
 	}
+	/* forked while the daemon has one thread, and none of its locks */
+	if (watchdog_start(&wd, d->fopts.mountpoint, d->opt.foreground))
+		fprintf(stderr, "%s: no watchdog (%s): if the daemon is killed, "
+			"umount -f may be needed\n", progname, strerror(errno));
 	/* a stop that comes now is taken once they all run */
 	stop_signals_mask(SIG_BLOCK, &mask);
 	/* threads only after the fork: the daemon's copy has none of them */
@@ -941,6 +915,7 @@ static int serve(struct daemon *d)
 		pthread_sigmask(SIG_SETMASK, &mask, NULL);
 		push_free(&d->ds);
 		fuse_session_unmount(d->se);
+		watchdog_stop(&wd);
 		return -1;
 	}
 	kernel_readahead(d);
@@ -953,6 +928,7 @@ static int serve(struct daemon *d)
 	pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	loop_wait(&lp);
 	ktier_disable(&d->ds.cache);
+	watchdog_stop(&wd);
 	return ret;
 }
 

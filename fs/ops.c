@@ -652,6 +652,7 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 			off_t off)
 {
 	ktier_fill_begin(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
+	fault_hold_fill(ds->se, ino, off, size);
 	ra_request_init(&w->rq, h->h.file->mapping,
 			h->h.pack_ra ? h->h.pack_ra
 				     : ds->store ? &h->h.ra : NULL,

@@ -37,8 +37,8 @@
  *     (filled, or being filled: its fill reached a worker) is not pushed.
  *     Left: a fill the kernel has queued and no worker has read yet.  If
  *     the daemon is SIGKILLed while a store waits on such a fill, the
- *     thread keeps /dev/fuse open and the mount hangs until umount -f (as
- *     an eviction can, ktier.c rule 1).
+ *     thread keeps /dev/fuse open, and the watchdog aborts the connection
+ *     (watchdog.c; as for an eviction, ktier.c rule 1).
  *  2. A push is charged to the tier before its store, as a fill is, and
  *     ends after it; a store refused with ENOENT uncharges the inode (the
  *     kernel has none).  A seek table caught lying is checked for before

@@ -7,6 +7,7 @@ files), faults above (signals, unmounts), and what the daemon must never do
     test_faults.py eio | short | direct | corrupt | changed | repacked | signals |
                    security | soak | valgrind
 """
+import ctypes
 import errno
 import json
 import os
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
 
 FRAME = 128 << 10
+MNT_FORCE = 1  # <sys/mount.h>: abort the connection, then unmount if not busy
 AT_FRAME = ("--frame", "%dK" % (FRAME >> 10))  # the damage is placed by FRAME
 
 
@@ -102,7 +104,6 @@ def test_short():
 def dio_aligned(path):
     """What zfolio asks of a filesystem before it reads O_DIRECT: statx
     reports its direct I/O alignment, at most 4 KiB."""
-    import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     buf = ctypes.create_string_buffer(256)
     AT_FDCWD, STATX_DIOALIGN = -100, 0x2000
@@ -558,9 +559,52 @@ def wait_for(pred, seconds, what):
         time.sleep(0.05)
 
 
+def killed_stuck(dst, mnt):
+    """SIGKILL while a thread of the daemon waits in the kernel on pages a
+    fill has locked (the hook drops a held fill's pages): without the
+    watchdog, that thread never returns, /dev/fuse stays open, and the
+    daemon, its readers and the mount hang until umount -f."""
+    m = Mount(dst, mnt, "budget=2M,cache=kernel", expect_exit=None,
+              env={"ZFOLIO_TEST_FAULT": "inval_held:3000"})
+    with m:
+        errs = []
+
+        def reader():
+            try:
+                with open(mnt + "/f", "rb") as f:
+                    f.read(FRAME)
+                errs.append(0)
+            except OSError as e:
+                errs.append(e.errno)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        wait_for(lambda: any(st["State"].startswith("D")
+                             for st in thread_states(m.pid).values()),
+                 10, "a thread waiting on the fill's pages")
+        os.kill(m.pid, signal.SIGKILL)
+        try:
+            m.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            report = threads_report(m.pid)
+            # what umount -f does first, without a fork: a child would
+            # inherit the reader's file and hang closing it (FUSE_FLUSH)
+            ctypes.CDLL(None, use_errno=True).umount2(mnt.encode(), MNT_FORCE)
+            m.proc.wait(10)
+            fail("the daemon is stuck after SIGKILL; its threads:\n" + report)
+        t.join(10)
+        check(not t.is_alive(), "the reader hangs after SIGKILL")
+        check(errs and errs[0] in (errno.ECONNABORTED, errno.ENOTCONN),
+              "the reader got %s" % errs)
+        check("its connection is aborted" in m.output(),
+              "the watchdog did not say so: " + m.output()[-1000:])
+        r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
+        check(r.returncode == 0 and not is_mounted(mnt), "fusermount3 -u: " + r.stderr)
+
+
 def test_signals():
     """SIGKILL during reads: readers get ECONNABORTED/ENOTCONN, none hangs,
-    fusermount3 -u cleans up.  SIGTERM, SIGINT, SIGHUP: clean unmount, exit 0,
+    fusermount3 -u cleans up; so too with a thread stuck (the watchdog).  SIGTERM, SIGINT, SIGHUP: clean unmount, exit 0,
     at once when idle.
     Unmounting with files open is refused (busy) and works once closed;
     mounting on a mountpoint in use is refused."""
@@ -610,6 +654,7 @@ def test_signals():
                 check(e.errno == errno.ENOTCONN, "later calls: %s" % e)
             r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
             check(r.returncode == 0 and not is_mounted(mnt), "fusermount3 -u: " + r.stderr)
+        killed_stuck(dst, mnt)
         # SIGTERM, SIGINT and SIGHUP: a clean unmount and exit status 0,
         # at once when nothing is asked (a stop used to take its whole 2 s
         # drain: the wake signal kept cutting the wait for a quiet queue)
