@@ -189,6 +189,9 @@ static int daemon_left(int fd, int ms)
 	return read(fd, &c, 1) >= 0; /* a byte, or 0: end of file */
 }
 
+/* Stop signals: the daemon's to take, not the watchdog's. */
+static const int ignored[] = {SIGINT, SIGTERM, SIGHUP};
+
 static _Noreturn void watch(const struct watchdog *wd, int fd, pid_t daemon)
 {
 	struct pollfd p[2] = {{.fd = fd, .events = POLLIN},
@@ -199,6 +202,10 @@ static _Noreturn void watch(const struct watchdog *wd, int fd, pid_t daemon)
 	sigaddset(&death, SIGUSR1);
 	sigprocmask(SIG_BLOCK, &death, NULL);
 	prctl(PR_SET_NAME, "zfolio-watchdog");
+	/* a Ctrl-C in the terminal reaches the whole group: the daemon stops
+	 * and says goodbye, and the watchdog waits for that */
+	for (unsigned int i = 0; i < sizeof(ignored) / sizeof(*ignored); i++)
+		signal(ignored[i], SIG_IGN);
 	p[1].fd = signalfd(-1, &death, SFD_CLOEXEC);
 	if (p[1].fd < 0 || prctl(PR_SET_PDEATHSIG, SIGUSR1))
 		_exit(1);

@@ -409,7 +409,17 @@ def test_fstab():
             pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and
                     os.path.exists("/proc/%s/cmdline" % p) and
                     dst.encode() in open("/proc/%s/cmdline" % p, "rb").read()]
+            # and its watchdog (fs/watchdog.c), a child of it
+            def comm(p):
+                with open("/proc/%d/comm" % p) as f:
+                    return f.read().strip()
+
+            dogs = [p for p in pids if comm(p) == "zfolio-watchdog"]
+            pids = [p for p in pids if p not in dogs]
             check(len(pids) == 1, "the daemon's process: %s" % pids)
+            check(len(dogs) == 1 and
+                  open("/proc/%d/stat" % dogs[0]).read().split()[3] == str(pids[0]),
+                  "the daemon's watchdog: %s" % dogs)
             # names looked up: the inode table has entries to free at exit
             for i in range(20):
                 os.stat(mnt + "/.zfolio/memory.stat")
@@ -428,6 +438,9 @@ def test_fstab():
         if alive:
             os.kill(pids[0], signal.SIGKILL)
         check(not alive, "the background daemon did not exit after umount")
+        check(not os.path.exists("/proc/%d" % dogs[0]) or
+              open("/proc/%d/stat" % dogs[0]).read().split()[2] == "Z",
+              "the watchdog did not exit with the daemon")
 
 
 def test_foreign():
