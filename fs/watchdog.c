@@ -28,6 +28,7 @@
  * returns, and the daemon exits; readers see what they see after any
  * kill: ECONNABORTED, then ENOTCONN until the mount is unmounted.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -156,25 +157,70 @@ static int mount_fusectl(void)
 	return 0;
 }
 
-static void abort_connection(const struct watchdog *wd)
+/* Where the daemon's threads wait, for the log: "thread TID in WCHAN"
+ * for each that waits uninterruptibly (state D), or "" if none does. */
+static void stuck_threads(pid_t daemon, char *out, size_t len)
 {
+	char path[64], state, wchan[64] = "";
+	struct dirent *t;
+	size_t used = 0;
+	DIR *dir;
+	FILE *f;
+
+	out[0] = '\0';
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)daemon);
+	dir = opendir(path);
+	while (dir && (t = readdir(dir)) && used < len) {
+		if (t->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/stat",
+			 (int)daemon, t->d_name);
+		f = fopen(path, "re");
+		/* pid (comm) state ...: comm is "zfolio" or a thread's name */
+		if (!f || fscanf(f, "%*d (%*[^)]) %c", &state) != 1 ||
+		    state != 'D') {
+			if (f)
+				fclose(f);
+			continue;
+		}
+		fclose(f);
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/wchan",
+			 (int)daemon, t->d_name);
+		f = fopen(path, "re");
+		if (!f || !fgets(wchan, sizeof(wchan), f))
+			snprintf(wchan, sizeof(wchan), "?");
+		if (f)
+			fclose(f);
+		used += (size_t)snprintf(out + used, len - used,
+					 "; thread %s in %s", t->d_name,
+					 wchan);
+	}
+	if (dir)
+		closedir(dir);
+}
+
+static void abort_connection(const struct watchdog *wd, pid_t daemon)
+{
+	char stuck[256];
 	unsigned long conn;
 	int err;
 
 	if (!still_mounted(wd) || !connection_number(wd->dev, &conn))
 		return;
+	stuck_threads(daemon, stuck, sizeof(stuck));
 	err = write_abort(conn);
 	if (err == -ENOENT && !mount_fusectl())
 		err = write_abort(conn);
 	if (err)
 		zlog_file(wd->mountpoint,
-			  "the daemon died with a thread stuck; cannot abort "
-			  "its connection (%s): use umount -f",
-			  strerror(-err));
+			  "the daemon died and did not exit in %d ms%s; "
+			  "cannot abort its connection (%s): use umount -f",
+			  WATCHDOG_GRACE_MS, stuck, strerror(-err));
 	else
 		zlog_file(wd->mountpoint,
-			  "the daemon died with a thread stuck; its "
-			  "connection is aborted");
+			  "the daemon died and did not exit in %d ms%s; its "
+			  "connection is aborted",
+			  WATCHDOG_GRACE_MS, stuck);
 }
 
 /* The pipe: 1 if the daemon said goodbye or has gone (end of file), 0 if
@@ -217,7 +263,7 @@ static _Noreturn void watch(const struct watchdog *wd, int fd, pid_t daemon)
 	 * connection when its last thread closed /dev/fuse */
 	if (!(p[0].revents & (POLLIN | POLLHUP)) &&
 	    !daemon_left(fd, WATCHDOG_GRACE_MS))
-		abort_connection(wd);
+		abort_connection(wd, daemon);
 	_exit(0);
 }
 
