@@ -568,7 +568,7 @@ struct watchdog {
 	char dev[32];            /* the mount's MAJOR:MINOR */
 	char mountpoint[PATH_MAX];
 };
-/* Fork it, once mounted and before any thread of ours: 0, or -1 (none). */
+/* Fork it, once mounted and before the serving threads: 0, or -errno. */
 int watchdog_start(struct watchdog *wd, const char *mountpoint,
 		   bool foreground);
 /* The daemon stops as it should: the watchdog leaves. */

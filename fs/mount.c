@@ -892,15 +892,18 @@ static int serve(struct daemon *d)
 	int ret = 0, report = detach(d->opt.foreground);
 	struct watchdog wd;
 	sigset_t mask;
+	int err;
 
 	if (report == -2) {
 		fuse_session_unmount(d->se);
 		return -1;
 	}
-	/* forked while the daemon has one thread, and none of its locks */
-	if (watchdog_start(&wd, d->fopts.mountpoint, d->opt.foreground))
+	/* forked before the serving threads start (a store's fetcher may
+	 * run: the child takes none of its locks) */
+	err = watchdog_start(&wd, d->fopts.mountpoint, d->opt.foreground);
+	if (err)
 		fprintf(stderr, "%s: no watchdog (%s): if the daemon is killed, "
-			"umount -f may be needed\n", progname, strerror(errno));
+			"umount -f may be needed\n", progname, strerror(-err));
 	/* a stop that comes now is taken once they all run */
 	stop_signals_mask(SIG_BLOCK, &mask);
 	/* threads only after the fork: the daemon's copy has none of them */

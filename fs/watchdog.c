@@ -276,15 +276,19 @@ int watchdog_start(struct watchdog *wd, const char *mountpoint,
 
 	wd->pid = -1;
 	wd->fd = -1;
-	if (!realpath(mountpoint, wd->mountpoint) ||
-	    !mount_find(wd->mountpoint, type, source, sizeof(type), wd->dev) ||
-	    pipe2(p, O_CLOEXEC))
-		return -1;
+	if (!realpath(mountpoint, wd->mountpoint))
+		return -errno;
+	if (!mount_find(wd->mountpoint, type, source, sizeof(type), wd->dev))
+		return -ENOENT;
+	if (pipe2(p, O_CLOEXEC))
+		return -errno;
 	wd->pid = fork();
 	if (wd->pid < 0) {
+		int err = -errno;
+
 		close(p[0]);
 		close(p[1]);
-		return -1;
+		return err;
 	}
 	if (wd->pid == 0) {
 		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
