@@ -87,6 +87,7 @@ struct kt_chunk {
 	uint32_t pages;           /* bitmap of the pages charged */
 	uint32_t pending;         /* of them, pages with a fill in flight */
 	bool active;
+	bool doomed; /* to go once no fill is in flight (ktier_evict_all) */
 };
 
 struct kt_file {
@@ -388,6 +389,18 @@ void ktier_fill_begin(struct cache *cache, struct group *g, uint64_t id,
 	}
 }
 
+/* Chunk c leaves the tier and the page cache, with no shadow (it is
+ * not evicted for want of room); under the lock, no fill in flight. */
+static void kt_drop_now(struct ktier *kt, struct kt_chunk *c)
+{
+	unsigned int n = pages_in(c->pages);
+
+	kt_unlink(c);
+	stat_mod(c->group, STAT_KERNEL_EVICTED, n);
+	uncharge(c->group, n);
+	kt_queue(kt, c);
+}
+
 void ktier_fill_end(struct cache *cache, uint64_t id, uint64_t pos,
 		    size_t len)
 {
@@ -410,6 +423,8 @@ void ktier_fill_end(struct cache *cache, uint64_t id, uint64_t pos,
 		 * that it is filled (rule 1) */
 		if (mask & ~(c ? c->pages : 0))
 			kt_queue_range(kt, id, ci, mask & ~(c ? c->pages : 0));
+		if (c && c->doomed && !c->pending)
+			kt_drop_now(kt, c);
 	}
 	pthread_mutex_unlock(&kt->lock);
 	kt_wait_drained(kt);
@@ -582,8 +597,8 @@ unsigned long ktier_tracks(struct cache *cache, uint64_t id)
 
 /*
  * Every chunk leaves the page cache (queued for the thread to invalidate,
- * uncharged) but those with a fill in flight, whose pages the fill has
- * locked (rule 1): for when what the kernel holds may be wrong bytes (a
+ * uncharged); those with a fill in flight, whose pages the fill has
+ * locked (rule 1), when their last fill ends: for when what the kernel holds may be wrong bytes (a
  * seek table caught lying, fs/backing.c).  A file's chunks are not told
  * apart from another's: it is rare, and cheap to fill again.
  */
@@ -599,15 +614,11 @@ void ktier_evict_all(struct cache *cache)
 		cds_hlist_for_each_entry_2(f, &kt->hash[b], hnode)
 			for (uint64_t i = 0; i < f->nchunks; i++) {
 				struct kt_chunk *c = f->chunks[i];
-				unsigned int n;
 
-				if (!c || c->pending)
-					continue;
-				n = pages_in(c->pages);
-				kt_unlink(c);
-				stat_mod(c->group, STAT_KERNEL_EVICTED, n);
-				uncharge(c->group, n);
-				kt_queue(kt, c);
+				if (c && c->pending)
+					c->doomed = true; /* at its end */
+				else if (c)
+					kt_drop_now(kt, c);
 			}
 	pthread_mutex_unlock(&kt->lock);
 }

@@ -652,6 +652,13 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 			off_t off)
 {
 	ktier_fill_begin(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
+	w->fill_due = (struct tier_fill){&ds->cache, ino, (uint64_t)off, size};
+	/* caught lying since read_data() looked: its ktier_evict_all() may
+	 * have come before this fill began, and would not drop it */
+	if (atomic_load(&h->h.file->table_lies)) {
+		fuse_reply_err(req, EIO);
+		return;
+	}
 	fault_hold_fill(ds->se, ino, off, size);
 	ra_request_init(&w->rq, h->h.file->mapping,
 			h->h.pack_ra ? h->h.pack_ra
@@ -663,7 +670,6 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 	w->rq.rq.tier_id = ino;
 	w->rq.rq.tier_base = h->h.base;
 	w->rq.rq.tier_size = h->h.size;
-	w->fill_due = (struct tier_fill){&ds->cache, ino, (uint64_t)off, size};
 	cache_read(&w->rq.rq, reply_iov, req);
 }
 

@@ -125,7 +125,8 @@ static void test_charge_once(void)
 
 /* ktier_tracks(): a file is tracked from its fill's begin (pages pending)
  * until the kernel forgets it or every page of it is evicted (a push of
- * it passes over it in between: push.c). */
+ * it passes over it in between: push.c).  ktier_evict_all() drops a fill
+ * in flight at its end. */
 static void test_tracks(void)
 {
 	struct cache c;
@@ -147,6 +148,19 @@ static void test_tracks(void)
 	ktier_evict_all(&c);
 	settle(&c);
 	CHECK(!ktier_tracks(&c, 3));
+	/* a fill in flight then (its pages locked: rule 1) stays until it
+	 * ends, and goes then, without another ktier_evict_all() */
+	fk.resident[3][0] = fk.resident[3][1] = 1;
+	ktier_fill_begin(&c, g, 3, 8192, 0, 8192);
+	ktier_evict_all(&c);
+	settle(&c);
+	CHECK(fk.resident[3][0]);
+	CHECK_EQ(ktier_tracks(&c, 3), 2);
+	ktier_fill_end(&c, 3, 0, 8192);
+	settle(&c);
+	CHECK(!fk.resident[3][0] && !fk.resident[3][1]);
+	CHECK(!ktier_tracks(&c, 3));
+	CHECK_EQ(ktier_pages(g), 0);
 	stop(&c);
 	cache_thread_unregister();
 }
