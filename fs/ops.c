@@ -654,8 +654,10 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 	ktier_fill_begin(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
 	w->fill_due = (struct tier_fill){&ds->cache, ino, (uint64_t)off, size};
 	/* caught lying since read_data() looked: its ktier_evict_all() may
-	 * have come before this fill began, and would not drop it */
+	 * have come before this fill began, and would not drop it; this
+	 * one drops it at its end */
 	if (atomic_load(&h->h.file->table_lies)) {
+		ktier_evict_all(&ds->cache);
 		fuse_reply_err(req, EIO);
 		return;
 	}
