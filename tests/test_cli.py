@@ -9,6 +9,7 @@ what zfolioctl makes of the path, the mount and the file it is given.
 import errno
 import fcntl
 import os
+import random
 import re
 import struct
 import subprocess
@@ -393,17 +394,21 @@ def test_index():
                 check(f.read() == data, "every byte through the mount")
 
 
-def pack_while_removing(src, dst, layout):
+def pack_while_removing(src, dst, layout, seed):
     """mkzfolio src dst while a thread removes the 3,000 files it puts in
-    src, in the walk's order: (the process, its stderr)."""
+    src, in a random order, one about every half millisecond for as long
+    as mkzfolio runs (so that some land between a file's listing and its
+    read, whatever the machine's speed): (the process, its stderr)."""
     for i in range(3000):
         with open(src + "/v%04d" % i, "wb") as f:
             f.write(b"%d\n" % i)
     stop = threading.Event()
+    order = list(range(3000))
+    random.Random(seed).shuffle(order)
 
     def remove():
-        for i in range(3000):
-            if stop.is_set():
+        for i in order:
+            if stop.wait(0.0005):
                 return
             os.unlink(src + "/v%04d" % i)
     p = subprocess.Popen([MKZFOLIO, "-q", "-j", "1", "--layout", layout, src, dst],
@@ -447,7 +452,7 @@ def test_changing():
                 # between a listing and a read
                 for attempt in range(5):
                     dst = d + "/dst_%s_%d" % (layout, attempt)
-                    p, err = pack_while_removing(src, dst, layout)
+                    p, err = pack_while_removing(src, dst, layout, attempt)
                     gone = err.count("removed while being packed")
                     if gone:
                         break
