@@ -274,7 +274,7 @@ def test_transport():
             set_uring("1")
             with Mount(dst, mnt, "transport=uring,threads=3") as m:
                 compare_tree(src, mnt, files)
-                deadline = time.time() + 10
+                deadline = time.time() + 10 * SLOW
                 while transport_of(m)["transport"] != "uring" and time.time() < deadline:
                     time.sleep(0.01)
                 tr = transport_of(m)
@@ -308,7 +308,7 @@ def test_transport():
                 try:
                     with Mount(dst, mnt, "transport=uring") as m:
                         # the entries register just after the mount appears
-                        deadline = time.time() + 10
+                        deadline = time.time() + 10 * SLOW
                         while (transport_of(m)["transport"] != "uring" and
                                time.time() < deadline):
                             time.sleep(0.01)
@@ -427,7 +427,7 @@ def test_fstab():
             subprocess.run(["umount", mnt], capture_output=True)
         check(not is_mounted(mnt), "still mounted")
         # a daemonized mount ends when it is unmounted
-        deadline = time.time() + 10
+        deadline = time.time() + 10 * SLOW
         while os.path.exists("/proc/%d" % pids[0]) and time.time() < deadline:
             with open("/proc/%d/stat" % pids[0]) as f:
                 if f.read().split()[2] == "Z":
@@ -528,14 +528,19 @@ def test_budget():
             stop, errors = threading.Event(), []
             readers = [storm_thread(mnt, files, stop, errors, i) for i in range(3)]
             try:
-                time.sleep(1.5)
-                check(int(m.ctl("memory.current")) > 8 << 20, "cache did not fill")
+                def until(pred, seconds, what):
+                    t = time.time()
+                    while not pred():
+                        check(time.time() - t < seconds * SLOW, what)
+                        time.sleep(0.01)
+
+                until(lambda: int(m.ctl("memory.current")) > 8 << 20, 1.5,
+                      "cache did not fill")
                 # lower the limit while the readers run: usage follows at once
                 t = time.time()
                 m.set("memory.max", "4M")
-                while int(m.ctl("memory.current")) > 4 << 20:
-                    check(time.time() - t < 1.0, "memory.current still over 4M after 1 s")
-                    time.sleep(0.01)
+                until(lambda: int(m.ctl("memory.current")) <= 4 << 20, 1.0,
+                      "memory.current still over 4M after 1 s")
                 print("memory.max 16M -> 4M took %.3f s" % (time.time() - t))
                 for _ in range(50):  # and it stays under, sampled
                     cur, mx = int(m.ctl("memory.current")), int(m.ctl("memory.max"))
@@ -545,16 +550,18 @@ def test_budget():
                 check(m.ctl("memory.max").strip() == "max", "memory.max reads max")
                 m.set("memory.max", "16M")
                 # memory.high: charges pass it, the reclaimer brings usage back
-                time.sleep(0.5)
+                until(lambda: int(m.ctl("memory.current")) > 10 << 20, 3,
+                      "cache did not fill again")
                 m.set("memory.high", "6M")
-                t = time.time()
-                while int(m.ctl("memory.current")) > (6 << 20) + (2 << 20):
-                    check(time.time() - t < 2.0, "usage still far above memory.high")
-                    time.sleep(0.02)
-                time.sleep(0.3)
-                ev = dict(l.split() for l in m.ctl("memory.events").splitlines())
-                check(int(ev["high"]) > 0, "high events: " + str(ev))
-                check(m.stat()["high_reclaim_passes"] > 0, "background reclaim ran")
+                until(lambda: int(m.ctl("memory.current")) <= (6 << 20) + (2 << 20), 2.0,
+                      "usage still far above memory.high")
+
+                def events_high():
+                    return int(dict(l.split() for l in
+                                    m.ctl("memory.events").splitlines())["high"])
+                until(lambda: events_high() > 0, 1, "no high events")
+                until(lambda: m.stat()["high_reclaim_passes"] > 0, 1,
+                      "background reclaim did not run")
                 m.set("memory.high", "max")
             finally:
                 stop.set()

@@ -464,7 +464,7 @@ def test_kopens():
         with Mount(d + "/packed", d + "/mnt", extra=("-d",)) as m:
             with open(os.path.join(m.mnt, "a/notes.txt"), "rb") as f:
                 check(f.read() == files["a/notes.txt"], "a/notes.txt differs on rw")
-            deadline = time.time() + 10  # RELEASE goes in the background
+            deadline = time.time() + 10 * SLOW  # RELEASE goes in the background
             while opcodes(m, "RELEASE") < 1 and time.time() < deadline:
                 time.sleep(0.02)
             check(opcodes(m, "OPEN") == 1 and opcodes(m, "RELEASE") == 1,
@@ -532,7 +532,7 @@ def test_push():
         # when the machine is idle, 120 at most under ASan and load (210-265
         # without the wait); under TSan waits time out and the scan races
         check(reads["1"] < reads["0"], "pushes spared no read: %s" % reads)
-        if os.environ.get("ZF_SANITIZE", "none") in ("none", "address"):
+        if os.environ.get("ZF_SANITIZE", "none").split(",")[0] in ("none", "address"):
             check(reads["1"] * 2 < len(names), "pushes spared too few reads: %s for %d "
                   "files" % (reads, len(names)))
 
@@ -544,8 +544,15 @@ def test_push():
         budget = 4 << 20
         with Mount(d + "/packed2", d + "/mnt", "ro,budget=4M") as m:
             check(tar_sum(m.mnt) == want, "budget=4M: tar differs from the source's")
-            st = m.stat()
-            held = resident(m.mnt, names) + int(st["file"])
+            # what reclaim uncharged leaves the page cache on the tier's
+            # thread, soon after: looked at until it has
+            deadline = time.time() + 5 * SLOW
+            while True:
+                st = m.stat()
+                held = resident(m.mnt, names) + int(st["file"])
+                if held <= budget + (128 << 10) or time.time() > deadline:
+                    break
+                time.sleep(0.05)
             print("budget=4M: %d pages pushed, page cache + folios %.1f MiB" % (
                 int(st["kernel_pushes"]), held / 2**20))
             check(int(st["kernel_pushes"]) > 0, "nothing was pushed at budget=4M")
