@@ -11,6 +11,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "fake.h"
@@ -453,9 +454,47 @@ static void test_long_fill_no_gp_stall(void)
 	read_at_done();
 }
 
+/* Whether this kernel fills pages in on request (Linux 5.14+). */
+static bool populate_works(void)
+{
+	void *p = mmap(NULL, ZF_PAGE_SIZE, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	bool ok = p != MAP_FAILED &&
+		  madvise(p, ZF_PAGE_SIZE, MADV_POPULATE_WRITE) == 0;
+
+	if (p != MAP_FAILED)
+		munmap(p, ZF_PAGE_SIZE);
+	return ok;
+}
+
+/* A buffer the pool does not have comes with its pages in (one call, not
+ * a fault per page as it is written); what the pool keeps comes back. */
+static void test_buffers_populated(void)
+{
+	struct cache c;
+	size_t len = 5 * ZF_PAGE_SIZE + 100, pages = 6;
+	unsigned char vec[8];
+	void *b, *again;
+
+	cache_thread_register();
+	setup(&c, 1024, true);
+	b = cache_buf_get(&c, len);
+	CHECK(b != NULL);
+	CHECK_EQ(mincore(b, pages * ZF_PAGE_SIZE, vec), 0);
+	for (size_t i = 0; i < pages && populate_works(); i++)
+		CHECK(vec[i] & 1);
+	cache_buf_put(&c, b, len);
+	again = cache_buf_get(&c, len);
+	CHECK(again == b);
+	cache_buf_put(&c, again, len);
+	cache_destroy(&c);
+	cache_thread_unregister();
+}
+
 int main(void)
 {
 	RUN(test_sequential);
+	RUN(test_buffers_populated);
 	RUN(test_storm);
 	RUN(test_bounce);
 	RUN(test_lru_promotion);
