@@ -597,10 +597,11 @@ unsigned long ktier_tracks(struct cache *cache, uint64_t id)
 
 /*
  * Every chunk leaves the page cache (queued for the thread to invalidate,
- * uncharged); those with a fill in flight, whose pages the fill has
- * locked (rule 1), when their last fill ends: for when what the kernel holds may be wrong bytes (a
- * seek table caught lying, fs/backing.c).  A file's chunks are not told
- * apart from another's: it is rare, and cheap to fill again.
+ * uncharged); one with a fill in flight, whose pages the fill has locked
+ * (rule 1), when its last fill ends (ktier_fill_end()): for when what the
+ * kernel holds may be wrong bytes (a seek table caught lying,
+ * fs/backing.c).  A file's chunks are not told apart from another's: it
+ * is rare, and cheap to fill again.
  */
 void ktier_evict_all(struct cache *cache)
 {
