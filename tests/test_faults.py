@@ -622,10 +622,12 @@ def test_signals():
         # SIGKILL with readers blocked in reads
         m = Mount(dst, mnt, "budget=2M", expect_exit=None)
         with m:
-            errs = []
+            errs, reading = [], threading.Semaphore(0)
 
             def reader():
                 fd = os.open(mnt + "/f", os.O_RDONLY)
+                os.pread(fd, 10, 0)
+                reading.release()
                 try:
                     while True:
                         os.pread(fd, 1 << 20, random.randrange(len(data)))
@@ -643,7 +645,9 @@ def test_signals():
             ts = [threading.Thread(target=reader) for _ in range(3)]
             for t in ts:
                 t.start()
-            time.sleep(0.5)
+            for t in ts:  # each has its file open and has read
+                check(reading.acquire(timeout=10 * SLOW), "a reader did not start")
+            time.sleep(0.2)
             os.kill(m.pid, signal.SIGKILL)
             for t in ts:
                 t.join(10)
