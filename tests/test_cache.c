@@ -481,8 +481,9 @@ static void test_buffers_populated(void)
 	b = cache_buf_get(&c, len);
 	CHECK(b != NULL);
 	CHECK_EQ(mincore(b, pages * ZF_PAGE_SIZE, vec), 0);
-	for (size_t i = 0; i < pages && populate_works(); i++)
-		CHECK(vec[i] & 1);
+	if (populate_works())
+		for (size_t i = 0; i < pages; i++)
+			CHECK(vec[i] & 1);
 	cache_buf_put(&c, b, len);
 	again = cache_buf_get(&c, len);
 	CHECK(again == b);

@@ -552,15 +552,6 @@ def changed_once(d, cache):
             check(e.errno == errno.EIO, "truncated: %s" % e)
 
 
-def wait_for(pred, seconds, what):
-    """Until pred() holds: seconds on a plain build, SLOW times that under
-    a sanitizer."""
-    t = time.time()
-    while not pred():
-        check(time.time() - t < seconds * SLOW, "timed out: " + what)
-        time.sleep(0.05)
-
-
 def killed_stuck(dst, mnt):
     """SIGKILL while a thread of the daemon waits in the kernel on pages a
     fill has locked (the hook drops a held fill's pages): without the

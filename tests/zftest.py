@@ -39,6 +39,15 @@ def fail(msg):
     sys.exit(1)
 
 
+def wait_for(pred, seconds, what, step=0.05):
+    """Until pred() holds: seconds on a plain build, SLOW times that under
+    a sanitizer."""
+    t = time.time()
+    while not pred():
+        check(time.time() - t < seconds * SLOW, "timed out: " + what)
+        time.sleep(step)
+
+
 def check(cond, msg):
     if not cond:
         fail(msg)
