@@ -113,6 +113,11 @@ struct fill_batch {
 	struct folio **folios;
 	void *fs_priv; /* the filesystem's state for this batch */
 	bool serial;   /* set by submit(): fill in order, on one thread */
+	/* set by submit() if it can tell: what the fill()s of the batch cost,
+	 * in bytes decoded by zstd, a byte copied (raw data) counting a
+	 * quarter; when not, the folios' length stands for it */
+	bool costed;
+	uint64_t cost;
 };
 
 /*

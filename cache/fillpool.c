@@ -15,7 +15,8 @@
  * than there are fill threads (the cores) are being filled.  More at once
  * keep their workers busy on every core, and a shared window then only
  * adds wakeups and lock traffic (four readers of 32K frames on the kernel
- * tier: 467-564 MiB/s shared, 574-732 not).
+ * tier: 467-564 MiB/s shared, 574-732 not).  And only a work big enough
+ * to pay for the wakeups (SHARE_MIN_COST).
  *
  * A fill never waits for another folio, for backing I/O (the worker waited
  * for the window's reads before sharing it) or for a request: fill threads
@@ -103,13 +104,38 @@ void fill_work_put(struct fill_work *w)
 		work_release(w);
 }
 
+/*
+ * The least work worth sharing, in bytes decoded (struct fill_batch's
+ * cost): handing folios over costs wakeups and lock traffic, and a small
+ * window is done about as soon by its worker alone, while the kernel's
+ * readahead keeps several such windows in flight on the other cores.  One
+ * reader of 256 MiB by 1 MiB read()s, cache=kernel, 32K frames, medians
+ * of 5 (bench/seqread), MB/s shared / not: z3 128 KiB fills 581 / 605,
+ * 256 KiB 696 / 605, 1 MiB 794 / 703; incompressible 128 KiB 1079 / 1385,
+ * 256 KiB 1548 / 1738; cache=engine 1 MiB windows, z3 416 / 336.
+ */
+#define SHARE_MIN_COST (256u << 10)
+
+/* What filling w's folios costs: the batch's cost, else their length. */
+static uint64_t work_cost(const struct fill_work *w)
+{
+	uint64_t n = 0;
+
+	if (w->b->costed)
+		return w->b->cost;
+	for (unsigned int k = 0; k < w->nr; k++)
+		n += w->b->folios[w->order[k]]->len;
+	return n;
+}
+
 bool fill_work_share(struct cache *c, struct fill_work *w)
 {
 	struct fill_pool *p = &c->fills;
 
 	if (!p->nthreads || w->nr <= 1 ||
 	    atomic_load_explicit(&p->active, memory_order_relaxed) >
-		    p->nthreads)
+		    p->nthreads ||
+	    work_cost(w) < SHARE_MIN_COST)
 		return false;
 	w->shared = true;
 	pthread_mutex_lock(&p->lock);

@@ -261,10 +261,13 @@ static ssize_t raw_direct(struct zfile *f, struct folio *fo, uint64_t pos)
 	return more < 0 ? more : (ssize_t)(done + (size_t)more);
 }
 
-/* Raw files: the folio's bytes are the file's; read them straight in. */
+/* Raw files: the folio's bytes are the file's; read them straight in
+ * (here: fill() has nothing left to do). */
 static int submit_raw(struct fill_batch *b, struct zfile *f,
 		      struct batch_io *io)
 {
+	b->costed = true;
+	b->cost = 0;
 	for (unsigned int i = 0; i < b->nr; i++) {
 		struct folio *fo = b->folios[i];
 		uint64_t pos;
@@ -427,10 +430,14 @@ static int zfile_submit(struct fill_batch *b)
 	/* split frames are streamed: one stream per file, read forwards */
 	for (unsigned int i = 0; i < b->nr && !b->serial; i++)
 		b->serial = b->folios[i] && slot_split(f, b->start + i);
+	b->costed = true;
 	for (unsigned int i = 0; i < b->nr; i++)
 		if (batch_frame(b, f, i, &fr)) {
 			total += fr.c_size;
 			frames++;
+			/* raw blocks (c_size over d_size) are a copy */
+			b->cost += fr.c_size < fr.d_size ? fr.d_size
+							 : fr.d_size / 4;
 		}
 	if (!total)
 		return 0;

@@ -136,7 +136,8 @@ def test_parts():
 def test_parallel():
     """A sequential reader's windows are decoded by the decode threads too
     (shared_fills), every byte right; decode_threads=0 leaves all to the
-    worker."""
+    worker, and so do the kernel tier's fills of 128 KiB (too little to
+    share), not those of 1 MiB."""
     require_root_fuse()
     with tmpdir() as d:
         src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
@@ -163,6 +164,28 @@ def test_parallel():
                     threads, st["folios_read"], st["shared_fills"]))
                 check((st["shared_fills"] > 0) == shared,
                       "decode_threads=%s: shared_fills %d" % (threads, st["shared_fills"]))
+        # the kernel tier: fills of the kernel's 128 KiB windows are four
+        # frames, too little decoding to share; its 1 MiB windows are not
+        for ra, shared in (("128", False), ("1024", True)):
+            with Mount(dst, mnt, "budget=64M,kernel_ra_kb=" + ra) as m:
+                got = read_all(mnt + "/seq", 128 << 10)
+                check(got == data, "kernel_ra_kb=%s: content" % ra)
+                st = m.stat()
+                print("kernel_ra_kb=%s: %d folios, %d shared" % (
+                    ra, st["folios_read"], st["shared_fills"]))
+                check((st["shared_fills"] > 0) == shared,
+                      "kernel_ra_kb=%s: shared_fills %d" % (ra, st["shared_fills"]))
+
+
+def read_all(path, bs):
+    """The file's content, read by read()s of bs bytes."""
+    parts = []
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(bs)
+            if not b:
+                return b"".join(parts)
+            parts.append(b)
 
 
 def minflt(pid):

@@ -8,7 +8,7 @@
  * readers on a budget much smaller than the data never see it exceeded and
  * get every byte right; a cache stopped with work in the queue finishes it;
  * a window is not shared while more are being filled than there are fill
- * threads.
+ * threads, nor when its filesystem says it costs too little to share.
  */
 #include <pthread.h>
 
@@ -326,6 +326,43 @@ static void test_busy_not_shared(void)
 	teardown(&c);
 }
 
+/* A window whose decoding costs less than a wakeup is worth is not shared,
+ * however many folios it has; the cost the filesystem gives is what
+ * counts, not their length. */
+static void test_cheap_not_shared(void)
+{
+	struct cache c;
+	struct mapping *m;
+	struct fill_batch b = {0};
+	struct fill_work w;
+	struct folio f[8] = {0};
+	struct folio *folios[8];
+	unsigned int order[8];
+
+	setup_fills(&c, 1 << 16, 2);
+	m = fake_mapping(&c, 16ull * FOLIO);
+	for (unsigned int i = 0; i < 8; i++) {
+		f[i].len = 128 << 10;
+		folios[i] = &f[i];
+		order[i] = i;
+	}
+	b.mapping = m;
+	b.folios = folios;
+	b.nr = 8;
+	/* eight raw frames of 32 KiB: a quarter of their bytes */
+	b.costed = true;
+	b.cost = 8 * (32 << 10) / 4;
+	fill_work_init(&w, &b, order, 8, 1, no_done);
+	CHECK(!fill_work_share(&c, &w));
+	CHECK(!w.shared);
+	/* the folios were never there: let it go as if filled */
+	atomic_store(&w.left, 1);
+	fill_work_put(&w);
+	CHECK_EQ(atomic_load(&c.fills.active), 0u);
+	mapping_put(m);
+	teardown(&c);
+}
+
 int main(void)
 {
 	cache_thread_register();
@@ -336,6 +373,7 @@ int main(void)
 	RUN(test_bad_frame);
 	RUN(test_storm);
 	RUN(test_busy_not_shared);
+	RUN(test_cheap_not_shared);
 	cache_thread_unregister();
 	return check_done();
 }
