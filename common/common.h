@@ -187,6 +187,10 @@ void text_json_string(struct text *t, const char *s);
 	  "reads in a big frame that decoded it again from its start")         \
 	X(DECODER_SKIPPED, "decoder_skipped_bytes", event,                     \
 	  "bytes of big frames decoded only to get past them")                 \
+	X(FILES_KEPT, "files_kept", event,                                     \
+	  "files whose inode the kernel forgot, kept with their cached data")  \
+	X(FILES_KEPT_REUSED, "files_kept_reused", event,                       \
+	  "of those, taken up again when the kernel looked them up")          \
 	X(HIGH_RECLAIMS, "high_reclaim_passes", event,                         \
 	  "background reclaim passes for memory.high")                         \
 	X(FAULT_FILLS, "fault_fills", event,                                   \

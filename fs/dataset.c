@@ -567,6 +567,7 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	pthread_mutex_init(&ds->usage_lock, NULL);
 	pthread_mutex_init(&ds->file_lru_lock, NULL);
 	CDS_INIT_LIST_HEAD(&ds->file_lru);
+	CDS_INIT_LIST_HEAD(&ds->idle_files);
 	pthread_mutex_init(&ds->streams.lock, NULL);
 	fd_cache_init(&ds->fds, opt->max_open);
 	CDS_INIT_LIST_HEAD(&ds->streams.lru);

@@ -63,6 +63,122 @@ static bool nlookup_get(struct znode *n)
 }
 
 /*
+ * Files of forgotten inodes.  The kernel forgets an inode that holds no
+ * page cache whenever it shrinks its inode cache (memory pressure,
+ * drop_caches), and with cache=engine its inodes never hold any: a file
+ * not open would lose all zfolio cached of it then, however much room the
+ * budget had.  So a forgotten file with folios still cached is kept
+ * (IDLE_FILES_MAX at most, the oldest going first, and before any other
+ * index when metadata is over its share: inodes_shrink()), and the next
+ * node of the same backing inode takes it over if the backing file is
+ * unchanged.  Its folios meanwhile age in the cache as any others do.
+ * (With cache=kernel, an inode whose pages the kernel holds is kept by
+ * the kernel, and folios handed over whole have left zfolio's cache.)
+ */
+#define IDLE_FILES_MAX 256
+
+struct idle_file {
+	struct cds_list_head link; /* on ds->idle_files */
+	struct inode_key key;
+	struct zfile *file;
+};
+
+/* Keep n's file f (its reference) for n's backing inode, or let it go. */
+static void idle_keep(struct dataset *ds, const struct znode *n,
+		      struct zfile *f)
+{
+	struct idle_file *e = NULL, *old = NULL;
+
+	if (ds->opt->cache == CACHE_ENGINE &&
+	    atomic_load(&f->mapping->nr_cached) > 0)
+		e = malloc(sizeof(*e));
+	if (!e) {
+		zfile_put(f);
+		return;
+	}
+	e->key = (struct inode_key){n->dev, n->ino, n->decode};
+	e->file = f;
+	stat_inc(&ds->cache.budget.root, STAT_FILES_KEPT);
+	pthread_mutex_lock(&ds->file_lru_lock);
+	cds_list_add_tail(&e->link, &ds->idle_files);
+	if (++ds->nidle > IDLE_FILES_MAX) {
+		old = cds_list_first_entry(&ds->idle_files, struct idle_file,
+					   link);
+		cds_list_del(&old->link);
+		ds->nidle--;
+	}
+	pthread_mutex_unlock(&ds->file_lru_lock);
+	if (old) {
+		zfile_put(old->file);
+		free(old);
+	}
+}
+
+/* The kept file of n's backing inode (the newest), taken: NULL if none. */
+static struct zfile *idle_take(struct dataset *ds, const struct znode *n)
+{
+	struct idle_file *e, *found = NULL;
+	struct zfile *f;
+
+	pthread_mutex_lock(&ds->file_lru_lock);
+	cds_list_for_each_entry_reverse(e, &ds->idle_files, link)
+		if (e->key.dev == n->dev && e->key.ino == n->ino &&
+		    e->key.decode == n->decode) {
+			found = e;
+			cds_list_del(&e->link);
+			ds->nidle--;
+			break;
+		}
+	pthread_mutex_unlock(&ds->file_lru_lock);
+	if (!found)
+		return NULL;
+	f = found->file;
+	free(found);
+	return f;
+}
+
+/* The kept file of n's backing inode, if the backing file has not changed
+ * since: n's now. */
+static struct zfile *idle_adopt(struct dataset *ds, const struct znode *n)
+{
+	struct zfile *f = idle_take(ds, n);
+	struct stat st;
+
+	if (!f)
+		return NULL;
+	if (backing_lstat(ds, n->path, &st) || !same_backing(&st, &f->st)) {
+		mapping_invalidate(f->mapping);
+		zfile_put(f);
+		return NULL;
+	}
+	stat_inc(&ds->cache.budget.root, STAT_FILES_KEPT_REUSED);
+	return f;
+}
+
+/* Let kept files go, oldest first, until metadata is down to target bytes
+ * (all of them: target < 0). */
+static void idle_drop(struct dataset *ds, long target)
+{
+	for (;;) {
+		struct idle_file *e = NULL;
+
+		pthread_mutex_lock(&ds->file_lru_lock);
+		if (!cds_list_empty(&ds->idle_files) &&
+		    (target < 0 || atomic_load(&ds->meta_bytes) > target)) {
+			e = cds_list_first_entry(&ds->idle_files,
+						 struct idle_file, link);
+			cds_list_del(&e->link);
+			ds->nidle--;
+		}
+		pthread_mutex_unlock(&ds->file_lru_lock);
+		if (!e)
+			return;
+		zfile_put(e->file); /* uncharges its metadata */
+		free(e);
+	}
+}
+
+/*
  * The table's resize worker is a thread: made after the daemon forks into
  * the background (detach() in mount.c), or the daemon's copy would wait
  * for a worker it does not have.
@@ -85,6 +201,7 @@ void inodes_fini(struct dataset *ds)
 	struct cds_lfht_node *hn;
 	struct cds_lfht_iter it;
 
+	idle_drop(ds, -1);
 	if (!ds->inodes)
 		return;
 	/* not cds_lfht_for_each_entry: it forms container_of(NULL) at the end */
@@ -233,7 +350,7 @@ void znode_forget(struct dataset *ds, struct znode *n, uint64_t nlookup)
 	n->file = NULL;
 	pthread_mutex_unlock(&n->lock);
 	if (f)
-		zfile_put(f);
+		idle_keep(ds, n, f);
 	call_rcu(&n->rcu, znode_free_rcu);
 }
 
@@ -469,6 +586,8 @@ int znode_file(struct dataset *ds, struct znode *n, bool reopen,
 	    same_backing(&st, &n->bad_st))
 		r = n->bad_err;
 	else if (!n->file)
+		n->file = idle_adopt(ds, n);
+	if (!r && !n->file)
 		r = zfile_open(ds, n, &n->file);
 	if (r == -EIO && !n->file && backing_lstat(ds, n->path, &st) == 0) {
 		n->bad_err = r;
@@ -499,6 +618,7 @@ void inodes_shrink(struct dataset *ds, long target)
 {
 	struct znode *n, *tmp;
 
+	idle_drop(ds, target); /* forgotten files' first */
 	pthread_mutex_lock(&ds->file_lru_lock);
 	cds_list_for_each_entry_safe(n, tmp, &ds->file_lru, file_lru) {
 		struct zfile *f = NULL;

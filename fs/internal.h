@@ -259,6 +259,11 @@ struct dataset {
 	/* a tree's inodes with an index, oldest use first (inode.c) */
 	pthread_mutex_t file_lru_lock;
 	struct cds_list_head file_lru;
+	/* the files of forgotten inodes kept with their cached data, for
+	 * the next lookup of the same backing inode, oldest first (inode.c);
+	 * under file_lru_lock */
+	struct cds_list_head idle_files;
+	unsigned int nidle;
 	/* what df shows, counted once (usage.c) */
 	pthread_mutex_t usage_lock;
 	bool usage_known;

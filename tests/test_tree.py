@@ -4,7 +4,8 @@
 (tar of the mount equals tar of the source), and many files are listed and
 read with the daemon at 256 open files and its RSS within budget + 32 MiB.
 
-    test_tree.py fidelity | many | bigdir | foreign | missing | push
+    test_tree.py fidelity | many | bigdir | foreign | missing | push |
+                 forgotten
 
 ZF_TREE_FILES sets the size of the many-files tree (default 40000: CI; the
 million-file run is bench/manyfiles).
@@ -692,6 +693,51 @@ def test_missing():
                     time.sleep(1.2)
                     with open(m.mnt + "/lib/mod.so", "rb") as f:
                         check(f.read() == data, "a file put in the tree")
+
+
+def test_forgotten():
+    """A file whose inode the kernel forgets (drop_caches, as its inode
+    cache does under memory pressure) keeps what zfolio cached of it with
+    cache=engine: read again, nothing comes from backing; a file replaced
+    while forgotten reads as its new self."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/tree", d + "/mnt"
+        os.makedirs(src)
+        data = {"a": content(3 << 20, 1), "b": content(1 << 20, 2)}
+        for name, b in data.items():
+            with open(os.path.join(src, name), "wb") as f:
+                f.write(b)
+        pack(src, dst, TREE)
+        with Mount(dst, mnt, "budget=64M,cache=engine") as m:
+            for name, b in data.items():
+                with open(os.path.join(mnt, name), "rb") as f:
+                    check(f.read() == b, "content of " + name)
+            read0 = m.stat()["folios_read"]
+
+            def forgotten():
+                with open("/proc/sys/vm/drop_caches", "w") as f:
+                    f.write("2")
+                return m.stat()["files_kept"] >= 2
+            wait_for(forgotten, 10 * SLOW, "the kernel to forget both inodes",
+                     step=0.2)
+            data["b"] = content(1 << 20, 3)
+            with open(src + "/b", "wb") as f:
+                f.write(data["b"])
+            os.unlink(dst + "/b.zst")
+            subprocess.run(["zstd", "-q", src + "/b", "-o", dst + "/b.zst"],
+                           check=True)
+            for name, b in sorted(data.items()):
+                with open(os.path.join(mnt, name), "rb") as f:
+                    check(f.read() == b, "content of %s, forgotten" % name)
+            st = m.stat()
+            print("folios read %d, then %d; files kept %d, reused %d" % (
+                read0, st["folios_read"], st["files_kept"], st["files_kept_reused"]))
+            check(st["files_kept_reused"] == 1,
+                  "files taken up again: %d, not a alone" % st["files_kept_reused"])
+            # a's 96 folios were all there; only b's new content was read
+            check(st["folios_read"] - read0 < 96,
+                  "folios read again: %d, a's among them" % (st["folios_read"] - read0))
 
 
 if __name__ == "__main__":
