@@ -169,14 +169,21 @@ def test_parallel():
         # More decode threads than workers, so that a window is never kept
         # back because all are busy (a loaded machine keeps several fills
         # in flight): what decides is the size alone
-        for ra, shared in (("128", False), ("1024", True)):
-            with Mount(dst, mnt, "budget=64M,decode_threads=8,kernel_ra_kb=" +
-                       ra) as m:
-                got = read_all(mnt + "/seq", 128 << 10)
-                check(got == data, "kernel_ra_kb=%s: content" % ra)
-                st = m.stat()
+        # The kernel does not always grow its window past 128 KiB (one run
+        # in seven here; under TSan, on CI, not at all): the 1 MiB case is
+        # tried on up to three mounts, and not asked of TSan
+        for ra, shared, tries in (("128", False, 1), ("1024", True, 3)):
+            for _ in range(tries):
+                with Mount(dst, mnt, "budget=64M,decode_threads=8,kernel_ra_kb=" +
+                           ra) as m:
+                    got = read_all(mnt + "/seq", 128 << 10)
+                    check(got == data, "kernel_ra_kb=%s: content" % ra)
+                    st = m.stat()
                 print("kernel_ra_kb=%s: %d folios, %d shared" % (
                     ra, st["folios_read"], st["shared_fills"]))
+                if st["shared_fills"] > 0:
+                    break
+            if not (SLOW > 3 and shared):
                 check((st["shared_fills"] > 0) == shared,
                       "kernel_ra_kb=%s: shared_fills %d" % (ra, st["shared_fills"]))
 
