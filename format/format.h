@@ -236,6 +236,9 @@ int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 #define ZMF_DATA_DIR "data"
 #define ZMF_MAGIC "zfolio-manifest"
 #define ZMF_VERSION 1
+/* a manifest whose entries have extended attributes: version 1 readers
+ * do not know the field, and refuse it */
+#define ZMF_VERSION_XATTRS 2
 /* entry lines per frame: more compress better, fewer decode less per
  * lookup */
 #define ZMF_FRAME_ENTRIES 256
@@ -255,6 +258,7 @@ enum zmf_field {
 	ZMF_RDEV,   /* devices: makedev() value, else 0 */
 	ZMF_DATA,   /* regular files: "ID:OFFSET" in data/ID.zst, or "-" */
 	ZMF_TARGET, /* symlinks: the target, else empty */
+	ZMF_XATTRS, /* extended attributes (version 2; may be left out) */
 	ZMF_NR_FIELDS
 };
 
@@ -272,6 +276,13 @@ int zmf_number(const struct zmf_line *l, enum zmf_field f, uint64_t *v);
 int zmf_time(const struct zmf_line *l, enum zmf_field f, int64_t *sec,
 	     long *nsec);
 int zmf_data(const struct zmf_line *l, uint64_t *id, uint64_t *off);
+size_t zmf_xattr_escape(const char *s, size_t len, char *out);
+/* One attribute of an xattrs field, escaped as stored. */
+struct zmf_xattr {
+	const char *name, *value;
+	size_t nlen, vlen;
+};
+int zmf_xattr_next(const char **pos, const char *end, struct zmf_xattr *x);
 int zmf_path_cmp(const char *a, size_t na, const char *b, size_t nb);
 int zmf_key_cmp(const char *pa, size_t npa, const char *na, size_t nna,
 		const char *pb, size_t npb, const char *nb, size_t nnb);

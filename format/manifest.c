@@ -14,6 +14,13 @@
  * \t, \n, \\ and \xHH for the other control bytes; everything else is
  * stored as it is, bytes not characters.
  *
+ * The last field, an entry's extended attributes, is there only in a
+ * manifest of version ZMF_VERSION_XATTRS, and may be left out of a line
+ * even there: NAME=VALUE pairs in the order the source listed them, one
+ * space between them, each escaped as zmf_xattr_escape() does (so that
+ * neither holds a space or '=').  The root's are the header's "xattrs="
+ * field, in the same form.
+ *
  * Entries are sorted by (parent, name), parents compared component by
  * component and names byte by byte: so a directory's entries are one run,
  * in the order readdir gives them, and an entry is found by binary search
@@ -23,6 +30,7 @@
  * first entry's of its hard-link group for the others of that group.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +39,7 @@
 
 static const char *const field_names[ZMF_NR_FIELDS] = {
 	"parent", "name", "type", "mode", "uid", "gid", "size", "mtime",
-	"atime", "ino", "nlink", "rdev", "data", "target",
+	"atime", "ino", "nlink", "rdev", "data", "target", "xattrs",
 };
 
 const char *zmf_field_name(enum zmf_field f)
@@ -39,16 +47,36 @@ const char *zmf_field_name(enum zmf_field f)
 	return field_names[f];
 }
 
-/* Escape s (len bytes) onto out; returns the bytes written (out may be
- * NULL to count them).  At most 4 bytes per byte of s. */
-size_t zmf_escape(const char *s, size_t len, char *out)
+/* \xHH for c onto out, unless out is NULL: the bytes it takes. */
+static size_t put_hex(unsigned char c, char *out)
 {
 	static const char hex[] = "0123456789abcdef";
+
+	if (out) {
+		out[0] = '\\';
+		out[1] = 'x';
+		out[2] = hex[c >> 4];
+		out[3] = hex[c & 15];
+	}
+	return 4;
+}
+
+/*
+ * Escape s (len bytes) onto out, for a field (xattr false) or for the
+ * xattrs field; returns the bytes written (out may be NULL to count them).
+ * At most 4 bytes per byte of s.
+ */
+static size_t escape(const char *s, size_t len, char *out, bool xattr)
+{
 	size_t n = 0;
 
 	for (size_t i = 0; i < len; i++) {
 		unsigned char c = (unsigned char)s[i];
-		char e = c == '\t' ? 't' : c == '\n' ? 'n' : c == '\\' ? '\\' : 0;
+		char e = c == '\\'	? '\\'
+			 : xattr	? 0
+			 : c == '\t'	? 't'
+			 : c == '\n'	? 'n'
+					: 0;
 
 		if (e) {
 			if (out) {
@@ -56,14 +84,9 @@ size_t zmf_escape(const char *s, size_t len, char *out)
 				out[n + 1] = e;
 			}
 			n += 2;
-		} else if (c < 0x20 || c == 0x7f) {
-			if (out) {
-				out[n] = '\\';
-				out[n + 1] = 'x';
-				out[n + 2] = hex[c >> 4];
-				out[n + 3] = hex[c & 15];
-			}
-			n += 4;
+		} else if (xattr ? c <= ' ' || c > '~' || c == '='
+				 : c < 0x20 || c == 0x7f) {
+			n += put_hex(c, out ? out + n : NULL);
 		} else {
 			if (out)
 				out[n] = (char)c;
@@ -71,6 +94,13 @@ size_t zmf_escape(const char *s, size_t len, char *out)
 		}
 	}
 	return n;
+}
+
+/* Escape s (len bytes) onto out; returns the bytes written (out may be
+ * NULL to count them).  At most 4 bytes per byte of s. */
+size_t zmf_escape(const char *s, size_t len, char *out)
+{
+	return escape(s, len, out, false);
 }
 
 static int hexval(char c)
@@ -112,7 +142,8 @@ ssize_t zmf_unescape(const char *s, size_t len, char *out)
 
 /*
  * Split a line (without its newline) into its fields: 0, or -EBADMSG if
- * it does not have ZMF_NR_FIELDS of them.  The fields point into line.
+ * it does not have ZMF_NR_FIELDS of them, or all but the last (xattrs,
+ * then empty).  The fields point into line.
  */
 int zmf_split(const char *line, size_t len, struct zmf_line *out)
 {
@@ -121,15 +152,57 @@ int zmf_split(const char *line, size_t len, struct zmf_line *out)
 	for (int f = 0; f < ZMF_NR_FIELDS; f++) {
 		const char *tab = memchr(p, '\t', (size_t)(end - p));
 
-		if (!tab && f != ZMF_NR_FIELDS - 1)
-			return -EBADMSG;
-		if (tab && f == ZMF_NR_FIELDS - 1)
-			return -EBADMSG;
 		out->f[f] = p;
 		out->len[f] = (size_t)((tab ? tab : end) - p);
+		if (tab && f == ZMF_NR_FIELDS - 1)
+			return -EBADMSG;
+		if (!tab && f < ZMF_NR_FIELDS - 1) {
+			if (f != ZMF_NR_FIELDS - 2)
+				return -EBADMSG;
+			out->f[f + 1] = end;
+			out->len[f + 1] = 0;
+			return 0;
+		}
 		p = tab ? tab + 1 : end;
 	}
 	return 0;
+}
+
+/*
+ * Escape an attribute's name or value for the xattrs field: bytes from
+ * '!' to '~' as they are, but '\\' doubled and '=' written \x3d, as is
+ * every byte outside that range (a space among them).  Returns the bytes
+ * written (out may be NULL to count them); at most 4 per byte of s.
+ */
+size_t zmf_xattr_escape(const char *s, size_t len, char *out)
+{
+	return escape(s, len, out, true);
+}
+
+/*
+ * The next attribute of an xattrs field, from *pos up to end: 1 with x
+ * set (name and value still escaped, zmf_unescape() undoes them) and *pos
+ * moved past it, 0 at the end, -EBADMSG for a pair without '=' or an
+ * empty name.
+ */
+int zmf_xattr_next(const char **pos, const char *end, struct zmf_xattr *x)
+{
+	const char *p = *pos, *sp, *eq;
+
+	if (p >= end)
+		return 0;
+	sp = memchr(p, ' ', (size_t)(end - p));
+	if (!sp)
+		sp = end;
+	eq = memchr(p, '=', (size_t)(sp - p));
+	if (!eq || eq == p)
+		return -EBADMSG;
+	x->name = p;
+	x->nlen = (size_t)(eq - p);
+	x->value = eq + 1;
+	x->vlen = (size_t)(sp - eq - 1);
+	*pos = sp < end ? sp + 1 : end;
+	return 1;
 }
 
 /* A decimal field: 0, or -EBADMSG. */

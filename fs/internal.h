@@ -367,6 +367,9 @@ struct manifest {
 	uint32_t ndata;
 	uint64_t bytes;          /* content served, for statfs */
 	struct stat root;        /* the root's attributes */
+	bool xattrs;             /* entries may have extended attributes */
+	char *root_xattrs;       /* the root's, as the header has them */
+	size_t root_xlen;
 	struct mf_key *_Atomic *keys; /* per frame, NULL until read */
 	struct mf_data *data;
 	pthread_mutex_t lru_lock;
@@ -403,6 +406,13 @@ bool manifest_ino(const struct dataset *ds, fuse_ino_t ino);
 int manifest_stat(struct dataset *ds, fuse_ino_t ino, struct stat *st);
 int manifest_lookup(struct dataset *ds, fuse_ino_t parent, const char *name,
 		    struct stat *st);
+/* Extended attributes: name's value into buf (size bytes; 0 asks only
+ * its length), or the names, each ending in NUL: the length, or -errno
+ * (-ENODATA: no such attribute; -ERANGE: more than size). */
+ssize_t manifest_getxattr(struct dataset *ds, fuse_ino_t ino,
+			  const char *name, char *buf, size_t size);
+ssize_t manifest_listxattr(struct dataset *ds, fuse_ino_t ino, char *buf,
+			   size_t size);
 int manifest_readlink(struct dataset *ds, fuse_ino_t ino, char *buf,
 		      size_t len);
 /* A directory of the manifest, open: its path and where its entries start. */

@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,23 @@ static int header_value(const char *line, size_t len, const char *key,
 	return -EBADMSG;
 }
 
+/* A text field of the header: true with where it is, up to the next tab. */
+static bool header_text(const char *line, size_t len, const char *key,
+			const char **v, size_t *vlen)
+{
+	char pat[32];
+	size_t n = (size_t)snprintf(pat, sizeof(pat), "\t%s=", key);
+	const char *p = memmem(line, len, pat, n), *tab;
+
+	if (!p)
+		return false;
+	p += n;
+	tab = memchr(p, '\t', len - (size_t)(p - line));
+	*v = p;
+	*vlen = (size_t)((tab ? tab : line + len) - p);
+	return true;
+}
+
 struct header_call {
 	struct manifest *mf;
 };
@@ -52,6 +70,8 @@ static int read_header(const char *p, size_t len, void *arg)
 {
 	struct manifest *mf = ((struct header_call *)arg)->mf;
 	uint64_t v[9];
+	const char *xattrs;
+	size_t xlen = 0;
 	static const char *const keys[] = {"version", "entries", "data",
 					   "bytes",   "mode",    "uid",
 					   "gid",     "mtime",   "mtime_ns"};
@@ -64,8 +84,14 @@ static int read_header(const char *p, size_t len, void *arg)
 	for (int i = 0; i < 9; i++)
 		if (header_value(line, n, keys[i], &v[i]))
 			return -EBADMSG;
-	if (v[0] != ZMF_VERSION || v[2] > UINT32_MAX)
+	if ((v[0] != ZMF_VERSION && v[0] != ZMF_VERSION_XATTRS) ||
+	    v[2] > UINT32_MAX)
 		return -EPROTO;
+	mf->xattrs = v[0] == ZMF_VERSION_XATTRS;
+	if (mf->xattrs && header_text(line, n, "xattrs", &xattrs, &xlen) &&
+	    !(mf->root_xattrs = strndup(xattrs, xlen)))
+		return -ENOMEM;
+	mf->root_xlen = mf->root_xattrs ? xlen : 0;
 	mf->nentries = v[1];
 	mf->ndata = (uint32_t)v[2];
 	mf->bytes = v[3];
@@ -177,6 +203,7 @@ void manifest_close(struct dataset *ds)
 		zfile_put(mf->zf);
 	free(mf->keys);
 	free(mf->data);
+	free(mf->root_xattrs);
 	free(mf);
 	ds->mf = NULL;
 }
@@ -278,6 +305,104 @@ int manifest_lookup(struct dataset *ds, fuse_ino_t parent, const char *name,
 	free(path);
 	free(e);
 	return r;
+}
+
+/* --- extended attributes --- */
+
+struct xattr_call {
+	const char *name; /* the one asked for, or NULL for the list */
+	char *buf;
+	size_t size;
+	unsigned int k;   /* the entry's line in its frame */
+	ssize_t ret;
+};
+
+/* What an xattrs field answers to c. */
+static ssize_t xattr_answer(const char *field, size_t flen,
+			    struct xattr_call *c)
+{
+	const char *pos = field, *end = field + flen;
+	char name[4 * XATTR_NAME_MAX + 1];
+	struct zmf_xattr x;
+	size_t total = 0;
+	ssize_t n;
+	int r;
+
+	while ((r = zmf_xattr_next(&pos, end, &x)) > 0) {
+		if (x.nlen > sizeof(name) - 1)
+			return -EBADMSG;
+		n = zmf_unescape(x.name, x.nlen, name);
+		if (n <= 0 || memchr(name, '\0', (size_t)n))
+			return -EBADMSG;
+		name[n] = '\0';
+		if (!c->name) { /* the list: every name and its NUL */
+			if (c->size && total + (size_t)n + 1 > c->size)
+				return -ERANGE;
+			if (c->size)
+				memcpy(c->buf + total, name, (size_t)n + 1);
+			total += (size_t)n + 1;
+		} else if (!strcmp(name, c->name)) {
+			char *v = malloc(x.vlen + 1);
+
+			if (!v)
+				return -ENOMEM;
+			n = zmf_unescape(x.value, x.vlen, v);
+			if (n >= 0 && c->size && (size_t)n > c->size)
+				n = -ERANGE;
+			else if (n > 0 && c->size)
+				memcpy(c->buf, v, (size_t)n);
+			free(v);
+			return n;
+		}
+	}
+	if (r < 0)
+		return r;
+	return c->name ? -ENODATA : (ssize_t)total;
+}
+
+static int xattrs_in_frame(const char *p, size_t len, void *arg)
+{
+	struct xattr_call *c = arg;
+	struct zmf_line l;
+	const char *line;
+	size_t n;
+
+	if (!nth_line(p, len, c->k, &line, &n) || zmf_split(line, n, &l))
+		return -EBADMSG;
+	c->ret = xattr_answer(l.f[ZMF_XATTRS], l.len[ZMF_XATTRS], c);
+	return 0;
+}
+
+static ssize_t entry_xattrs(struct dataset *ds, fuse_ino_t ino,
+			    struct xattr_call *c)
+{
+	struct manifest *mf = ds->mf;
+	int r;
+
+	if (ino == FUSE_ROOT_ID)
+		return xattr_answer(mf->root_xattrs, mf->root_xlen, c);
+	if (!manifest_ino(ds, ino)) /* a control file */
+		return c->name ? -ENODATA : 0;
+	c->k = (unsigned int)((ino - 2) % ZMF_FRAME_ENTRIES);
+	r = mf_frame(ds, (uint32_t)((ino - 2) / ZMF_FRAME_ENTRIES),
+		     xattrs_in_frame, c);
+	return r ? r : c->ret;
+}
+
+ssize_t manifest_getxattr(struct dataset *ds, fuse_ino_t ino,
+			  const char *name, char *buf, size_t size)
+{
+	struct xattr_call c = {name, buf, size, 0, 0};
+
+	return entry_xattrs(ds, ino, &c);
+}
+
+ssize_t manifest_listxattr(struct dataset *ds, fuse_ino_t ino, char *buf,
+			   size_t size)
+{
+	struct xattr_call c = {NULL, buf, size, 0, 0};
+
+	return entry_xattrs(ds, ino, &c);
 }
 
 int manifest_readlink(struct dataset *ds, fuse_ino_t ino, char *buf,

@@ -870,23 +870,46 @@ static void zf_statfs(fuse_req_t req, fuse_ino_t ino)
 }
 
 /*
- * No extended attributes: ENOSYS, once, and the kernel answers EOPNOTSUPP
- * itself from then on (ls -l asks for ACLs of every file otherwise).
+ * Extended attributes, from the manifest of a dataset that has some.  Any
+ * other answers ENOSYS, once, and the kernel answers EOPNOTSUPP itself
+ * from then on (ls -l asks for ACLs of every file otherwise).
  */
+static void xattr_request(fuse_req_t req, fuse_ino_t ino, const char *name,
+			  size_t size)
+{
+	struct dataset *ds = ds_of(req);
+	char *buf;
+	ssize_t n;
+
+	if (!ds->mf || !ds->mf->xattrs) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	buf = size ? malloc(size) : NULL;
+	if (size && !buf)
+		n = -ENOMEM;
+	else if (name)
+		n = manifest_getxattr(ds, ino, name, buf, size);
+	else
+		n = manifest_listxattr(ds, ino, buf, size);
+	if (n < 0)
+		fuse_reply_err(req, (int)-n);
+	else if (!size)
+		fuse_reply_xattr(req, (size_t)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+	free(buf);
+}
+
 static void zf_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 			size_t size)
 {
-	(void)ino;
-	(void)name;
-	(void)size;
-	fuse_reply_err(req, ENOSYS);
+	xattr_request(req, ino, name, size);
 }
 
 static void zf_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
-	(void)ino;
-	(void)size;
-	fuse_reply_err(req, ENOSYS);
+	xattr_request(req, ino, NULL, size);
 }
 
 /* Everything that would change the tree. */
@@ -974,6 +997,10 @@ static void zf_init(void *userdata, struct fuse_conn_info *conn)
 	if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
 		conn->want |= FUSE_CAP_CACHE_SYMLINKS;
 	conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+	/* a dataset with extended attributes may have ACLs: the kernel then
+	 * asks for them and checks access by them, as on the source */
+	if (ds->mf && ds->mf->xattrs && (conn->capable & FUSE_CAP_POSIX_ACL))
+		conn->want |= FUSE_CAP_POSIX_ACL;
 	/*
 	 * A packed dataset on a read-only mount with the kernel tier: files
 	 * need no open of zfolio's.  OPEN answered ENOSYS (zf_open) tells the

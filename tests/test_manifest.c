@@ -5,6 +5,10 @@
  * within the bound and the count asked; directories, links, empty files,
  * later names of a hard link and big files passed over; a walk across the
  * manifest's frames; and the limits past which the pack is taken as ended.
+ * Also the extended attributes: the field's escapes and parsing
+ * (format/manifest.c), and what manifest_getxattr() and
+ * manifest_listxattr() answer for a file, a file without, the root and
+ * buffers too small.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -12,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "../fs/internal.h"
@@ -297,13 +302,101 @@ static void remove_tree(void)
 	(void)!system(cmd);
 }
 
+/* every byte, '=' and ' ' in names and values come back from the field */
+static void test_xattr_field(void)
+{
+	char value[256], name[] = "user.a b=c\\d", field[4096], out[1024];
+	const char *pos = field, *end;
+	struct zmf_xattr x;
+	struct zmf_line l;
+	size_t n = 0;
+	ssize_t u;
+
+	for (int i = 0; i < 256; i++)
+		value[i] = (char)i;
+	n += zmf_xattr_escape(name, strlen(name), field + n);
+	field[n++] = '=';
+	n += zmf_xattr_escape(value, sizeof(value), field + n);
+	field[n++] = ' ';
+	n += zmf_xattr_escape("user.e", 6, field + n);
+	field[n++] = '=';
+	end = field + n;
+	CHECK(!memchr(field, '\t', n) && !memchr(field, '\n', n));
+	CHECK(zmf_xattr_escape(value, sizeof(value), NULL) <= 4 * sizeof(value));
+
+	CHECK_EQ(zmf_xattr_next(&pos, end, &x), 1);
+	u = zmf_unescape(x.name, x.nlen, out);
+	CHECK(u == (ssize_t)strlen(name) && !memcmp(out, name, strlen(name)));
+	u = zmf_unescape(x.value, x.vlen, out);
+	CHECK(u == (ssize_t)sizeof(value) && !memcmp(out, value, sizeof(value)));
+	CHECK_EQ(zmf_xattr_next(&pos, end, &x), 1);
+	CHECK(x.nlen == 6 && !memcmp(x.name, "user.e", 6) && x.vlen == 0);
+	CHECK_EQ(zmf_xattr_next(&pos, end, &x), 0);
+	pos = "novalue";
+	CHECK_EQ(zmf_xattr_next(&pos, pos + 7, &x), -EBADMSG);
+	pos = "=v";
+	CHECK_EQ(zmf_xattr_next(&pos, pos + 2, &x), -EBADMSG);
+
+	/* a line of version 1 (no xattrs field), of 2, and wrong counts */
+	{
+		const char *v1 = "\tf\tf\t644\t0\t0\t1\t1.0\t1.0\t2\t1\t0\t0:0\t";
+		char v2[128];
+
+		CHECK_EQ(zmf_split(v1, strlen(v1), &l), 0);
+		CHECK_EQ(l.len[ZMF_XATTRS], 0);
+		CHECK_EQ(l.len[ZMF_TARGET], 0);
+		snprintf(v2, sizeof(v2), "%s\tuser.k=v", v1);
+		CHECK_EQ(zmf_split(v2, strlen(v2), &l), 0);
+		CHECK(l.len[ZMF_XATTRS] == 8 &&
+		      !memcmp(l.f[ZMF_XATTRS], "user.k=v", 8));
+		snprintf(v2, sizeof(v2), "%s\tuser.k=v\tmore", v1);
+		CHECK_EQ(zmf_split(v2, strlen(v2), &l), -EBADMSG);
+		CHECK_EQ(zmf_split(v1, strlen(v1) - 1, &l), -EBADMSG);
+	}
+}
+
+/* "f01" has user.k and user.empty, the root user.root; the rest none */
+static void test_xattr_ops(void)
+{
+	fuse_ino_t f01 = ino_of(FUSE_ROOT_ID, "f01", NULL),
+		   f02 = ino_of(FUSE_ROOT_ID, "f02", NULL);
+	char buf[64];
+
+	CHECK(ds.mf->xattrs);
+	CHECK(f01 && f02);
+	CHECK_EQ(manifest_getxattr(&ds, f01, "user.k", NULL, 0), 5);
+	CHECK_EQ(manifest_getxattr(&ds, f01, "user.k", buf, sizeof(buf)), 5);
+	CHECK(!memcmp(buf, "va=l\n", 5));
+	CHECK_EQ(manifest_getxattr(&ds, f01, "user.k", buf, 4), -ERANGE);
+	CHECK_EQ(manifest_getxattr(&ds, f01, "user.empty", buf, sizeof(buf)),
+		 0);
+	CHECK_EQ(manifest_getxattr(&ds, f01, "user.none", buf, sizeof(buf)),
+		 -ENODATA);
+	CHECK_EQ(manifest_getxattr(&ds, f02, "user.k", buf, sizeof(buf)),
+		 -ENODATA);
+	/* the names in the source's order, each with its NUL */
+	CHECK_EQ(manifest_listxattr(&ds, f01, NULL, 0), 18);
+	CHECK_EQ(manifest_listxattr(&ds, f01, buf, sizeof(buf)), 18);
+	CHECK(!memcmp(buf, "user.k\0user.empty\0", 18) ||
+	      !memcmp(buf, "user.empty\0user.k\0", 18));
+	CHECK_EQ(manifest_listxattr(&ds, f01, buf, 17), -ERANGE);
+	CHECK_EQ(manifest_listxattr(&ds, f02, buf, sizeof(buf)), 0);
+	CHECK_EQ(manifest_listxattr(&ds, FUSE_ROOT_ID, buf, sizeof(buf)), 10);
+	CHECK(!memcmp(buf, "user.root", 10));
+	CHECK_EQ(manifest_getxattr(&ds, FUSE_ROOT_ID, "user.root", buf,
+				   sizeof(buf)),
+		 3);
+}
+
 static int run_tests(void)
 {
+	RUN(test_xattr_field);
 	if (!open_dataset())
 		return 1;
 	RUN(test_kinds);
 	RUN(test_frames);
 	RUN(test_limits);
+	RUN(test_xattr_ops);
 	close_dataset();
 	return check_done();
 }
@@ -311,7 +404,7 @@ static int run_tests(void)
 int main(void)
 {
 	const char *tmp = getenv("TMPDIR");
-	char name[32];
+	char name[32], path[320];
 	int status = 0;
 	pid_t pid;
 
@@ -332,6 +425,10 @@ int main(void)
 	make_gap("big32", 32, true);
 	make_gap("links1000", 1000, false);
 	make_gap("links1030", 1030, false);
+	snprintf(path, sizeof(path), "%s/f01", src);
+	CHECK(setxattr(path, "user.k", "va=l\n", 5, 0) == 0);
+	CHECK(setxattr(path, "user.empty", "", 0, 0) == 0);
+	CHECK(setxattr(src, "user.root", "top", 3, 0) == 0);
 	if (check_failures || !pack()) {
 		fprintf(stderr, "cannot make the dataset\n");
 		remove_tree();

@@ -406,7 +406,8 @@ int main(int argc, char **argv)
 	/* messages name paths as given; the tree layout's last step too */
 	src = (struct place){open_dir(rsrc), cli.src};
 	dst = (struct place){open_dir(rdst), cli.dst};
-	note_xattrs(cli.src);
+	if (pk.layout == LAYOUT_TREE)
+		note_xattrs(cli.src);
 	packer_setup(&pk, cli.quiet);
 	pool_start(&pk);
 	pack(&pk, &src, &dst, &sst);

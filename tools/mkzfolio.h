@@ -142,8 +142,20 @@ unsigned int files_changed(void);
 void skip_unreadable(int err, const char *path, const char *done);
 /* how many files skip_unreadable() skipped for EACCES/EPERM */
 unsigned int files_unreadable(void);
-/* Counts an entry with extended attributes; say_xattrs() says how many. */
+/* the most a packed entry's extended attributes take in the manifest,
+ * escaped (Linux allows 64 KiB for a value) */
+#define XATTRS_MAX (64u << 10)
+/* Counts an entry with extended attributes, for the tree layout, which
+ * does not keep them; say_xattrs() says how many. */
 void note_xattrs(const char *path);
+/*
+ * The extended attributes of path as the manifest's xattrs field
+ * (format/manifest.c), malloc'd, *len bytes; NULL with *len 0 if it has
+ * none (an SELinux label is the mount's to give, and left out).  Ones that
+ * cannot be read, or would take more than XATTRS_MAX, are left out, all
+ * of the entry's, and said by say_xattrs().
+ */
+char *xattrs_field(const char *path, size_t *len);
 void say_xattrs(void);
 int set_times(int dirfd, const char *name, const struct stat *st, int flags);
 struct outfile *outfile_create(int dirfd, const char *name, const char *path,

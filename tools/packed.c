@@ -83,6 +83,7 @@ struct packed {
 	size_t lines_len, lines_cap;
 	unsigned int nlines;
 	uint64_t entries, bytes;
+	uint64_t xattr_entries; /* entries with an xattrs field */
 	ZSTD_CCtx *cctx;
 	uint8_t *zbuf;
 	size_t zcap;
@@ -141,6 +142,14 @@ static void put_field(struct packed *p, const char *s, size_t len, bool last)
 	p->lines[p->lines_len++] = last ? '\n' : '\t';
 }
 
+/* Bytes as they are: an xattrs field, escaped already. */
+static void put_bytes(struct packed *p, const char *s, size_t len)
+{
+	lines_reserve(p, len + 1);
+	memcpy(p->lines + p->lines_len, s, len);
+	p->lines_len += len;
+}
+
 static void put_text(struct packed *p, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
@@ -169,7 +178,8 @@ static char type_char(mode_t m)
 static void manifest_entry(struct packed *p, const char *parent,
 			   const char *name, const struct stat *st,
 			   uint64_t size, uint64_t inum, uint64_t nlink,
-			   const struct place_in_data *d, const char *target)
+			   const struct place_in_data *d, const char *target,
+			   const char *xattrs, size_t xlen)
 {
 	put_field(p, parent, strlen(parent), false);
 	put_field(p, name, strlen(name), false);
@@ -190,7 +200,13 @@ static void manifest_entry(struct packed *p, const char *parent,
 			 (unsigned long long)d->off);
 	else
 		put_text(p, "-\t");
-	put_field(p, target ? target : "", target ? strlen(target) : 0, true);
+	put_field(p, target ? target : "", target ? strlen(target) : 0,
+		  !xlen);
+	if (xlen) {
+		put_bytes(p, xattrs, xlen);
+		p->lines[p->lines_len++] = '\n';
+		p->xattr_entries++;
+	}
 	p->entries++;
 	if (++p->nlines == ZMF_FRAME_ENTRIES)
 		manifest_flush(p);
@@ -198,19 +214,26 @@ static void manifest_entry(struct packed *p, const char *parent,
 
 /* The last frame: the header; then the seek table. */
 static void manifest_finish(struct packed *p, const struct stat *root,
-			    uint64_t root_nlink)
+			    uint64_t root_nlink, const char *root_xattrs,
+			    size_t xlen)
 {
 	manifest_flush(p);
 	put_text(p, "%s\tversion=%d\tentries=%llu\tdata=%llu", ZMF_MAGIC,
-		 ZMF_VERSION, (unsigned long long)p->entries,
+		 p->xattr_entries || xlen ? ZMF_VERSION_XATTRS : ZMF_VERSION,
+		 (unsigned long long)p->entries,
 		 (unsigned long long)p->next_id);
 	put_text(p, "\tbytes=%llu\tmode=%u\tuid=%u\tgid=%u\tmtime=%lld"
-		    "\tmtime_ns=%ld\tnlink=%llu\n",
+		    "\tmtime_ns=%ld\tnlink=%llu",
 		 (unsigned long long)p->bytes,
 		 (unsigned int)(root->st_mode & 07777),
 		 (unsigned int)root->st_uid, (unsigned int)root->st_gid,
 		 (long long)root->st_mtim.tv_sec, root->st_mtim.tv_nsec,
 		 (unsigned long long)root_nlink);
+	if (xlen) {
+		put_text(p, "\txattrs=");
+		put_bytes(p, root_xattrs, xlen);
+	}
+	put_text(p, "\n");
 	manifest_flush(p);
 	{
 		size_t tsize = zseek_table_size(p->nmframes);
@@ -421,7 +444,9 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 {
 	struct place_in_data d = {false, 0, 0};
 	char *spath = join(spath_dir, name), target[PATH_MAX + 1];
+	char *xattrs;
 	uint64_t inum = p->entries + 2, size = 0, nlink;
+	size_t xlen;
 	struct stat st;
 	ssize_t len;
 
@@ -431,12 +456,13 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 		return false;
 	}
 	nlink = st.st_nlink;
-	note_xattrs(spath);
+	xattrs = xattrs_field(spath, &xlen);
 	if (S_ISREG(st.st_mode)) {
 		bool gone = false;
 
 		d = file_data(p, dirfd, name, spath, &st, &inum, &gone);
 		if (gone) {
+			free(xattrs);
 			free(spath);
 			return false;
 		}
@@ -449,6 +475,7 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 		len = readlinkat(dirfd, name, target, sizeof(target) - 1);
 		if (len < 0) {
 			skip_unreadable(errno, spath, "not packed");
+			free(xattrs);
 			free(spath);
 			return false;
 		}
@@ -459,9 +486,10 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 		p->pk->others++;
 	}
 	manifest_entry(p, mpath, name, &st, size, inum, nlink, &d,
-		       S_ISLNK(st.st_mode) ? target : NULL);
+		       S_ISLNK(st.st_mode) ? target : NULL, xattrs, xlen);
 	p->pk->done_files++;
 	draw_progress(p->pk, false);
+	free(xattrs);
 	free(spath);
 	return S_ISDIR(st.st_mode);
 }
@@ -570,6 +598,8 @@ void packed_pack(struct packer *pk, const struct place *src,
 		 const struct place *dst, const struct stat *sst)
 {
 	struct packed *p = calloc(1, sizeof(*p));
+	char *root_xattrs, *root_path;
+	size_t xlen;
 
 	if (!p)
 		die("out of memory");
@@ -578,7 +608,12 @@ void packed_pack(struct packer *pk, const struct place *src,
 	pack_close(p);
 	if (pk->njobs)
 		run_batch(pk); /* every data file finished before the manifest */
-	manifest_finish(p, sst, dir_nlink(src->fd, "."));
+	/* SRC itself, not a link that names it */
+	root_path = join(src->path, ".");
+	root_xattrs = xattrs_field(root_path, &xlen);
+	free(root_path);
+	manifest_finish(p, sst, dir_nlink(src->fd, "."), root_xattrs, xlen);
+	free(root_xattrs);
 	packed_close(p);
 	free(p);
 }
