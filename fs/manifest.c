@@ -27,24 +27,6 @@
 
 /* --- the header and the mount --- */
 
-static int header_value(const char *line, size_t len, const char *key,
-			uint64_t *v)
-{
-	char pat[32];
-	const char *p;
-	size_t n = (size_t)snprintf(pat, sizeof(pat), "\t%s=", key);
-
-	for (p = line; (p = memmem(p, len - (size_t)(p - line), pat, n));
-	     p += n) {
-		char *end;
-
-		errno = 0;
-		*v = strtoull(p + n, &end, 10);
-		return errno || end == p + n ? -EBADMSG : 0;
-	}
-	return -EBADMSG;
-}
-
 /* A text field of the header: true with where it is, up to the next tab. */
 static bool header_text(const char *line, size_t len, const char *key,
 			const char **v, size_t *vlen)
@@ -60,6 +42,20 @@ static bool header_text(const char *line, size_t len, const char *key,
 	*v = p;
 	*vlen = (size_t)((tab ? tab : line + len) - p);
 	return true;
+}
+
+static int header_value(const char *line, size_t len, const char *key,
+			uint64_t *v)
+{
+	const char *p;
+	char *end;
+	size_t n;
+
+	if (!header_text(line, len, key, &p, &n))
+		return -EBADMSG;
+	errno = 0;
+	*v = strtoull(p, &end, 10);
+	return errno || end == p ? -EBADMSG : 0;
 }
 
 struct header_call {
@@ -313,7 +309,6 @@ struct xattr_call {
 	const char *name; /* the one asked for, or NULL for the list */
 	char *buf;
 	size_t size;
-	unsigned int k;   /* the entry's line in its frame */
 	ssize_t ret;
 };
 
@@ -360,14 +355,12 @@ static ssize_t xattr_answer(const char *field, size_t flen,
 	return c->name ? -ENODATA : (ssize_t)total;
 }
 
-static int xattrs_in_frame(const char *p, size_t len, void *arg)
+static int xattrs_of_line(const char *line, size_t n, void *arg)
 {
 	struct xattr_call *c = arg;
 	struct zmf_line l;
-	const char *line;
-	size_t n;
 
-	if (!nth_line(p, len, c->k, &line, &n) || zmf_split(line, n, &l))
+	if (zmf_split(line, n, &l))
 		return -EBADMSG;
 	c->ret = xattr_answer(l.f[ZMF_XATTRS], l.len[ZMF_XATTRS], c);
 	return 0;
@@ -376,23 +369,20 @@ static int xattrs_in_frame(const char *p, size_t len, void *arg)
 static ssize_t entry_xattrs(struct dataset *ds, fuse_ino_t ino,
 			    struct xattr_call *c)
 {
-	struct manifest *mf = ds->mf;
 	int r;
 
 	if (ino == FUSE_ROOT_ID)
-		return xattr_answer(mf->root_xattrs, mf->root_xlen, c);
+		return xattr_answer(ds->mf->root_xattrs, ds->mf->root_xlen, c);
 	if (!manifest_ino(ds, ino)) /* a control file */
 		return c->name ? -ENODATA : 0;
-	c->k = (unsigned int)((ino - 2) % ZMF_FRAME_ENTRIES);
-	r = mf_frame(ds, (uint32_t)((ino - 2) / ZMF_FRAME_ENTRIES),
-		     xattrs_in_frame, c);
+	r = mf_line_at(ds, ino - 2, xattrs_of_line, c);
 	return r ? r : c->ret;
 }
 
 ssize_t manifest_getxattr(struct dataset *ds, fuse_ino_t ino,
 			  const char *name, char *buf, size_t size)
 {
-	struct xattr_call c = {name, buf, size, 0, 0};
+	struct xattr_call c = {name, buf, size, 0};
 
 	return entry_xattrs(ds, ino, &c);
 }
@@ -400,7 +390,7 @@ ssize_t manifest_getxattr(struct dataset *ds, fuse_ino_t ino,
 ssize_t manifest_listxattr(struct dataset *ds, fuse_ino_t ino, char *buf,
 			   size_t size)
 {
-	struct xattr_call c = {NULL, buf, size, 0, 0};
+	struct xattr_call c = {NULL, buf, size, 0};
 
 	return entry_xattrs(ds, ino, &c);
 }

@@ -194,10 +194,11 @@ int parse_entry(const char *line, size_t len, struct mf_entry *e)
 
 struct line_call {
 	unsigned int k;
-	struct mf_entry *e;
+	mf_line_fn fn;
+	void *arg;
 };
 
-static int entry_in_frame(const char *p, size_t len, void *arg)
+static int line_in_frame(const char *p, size_t len, void *arg)
 {
 	struct line_call *c = arg;
 	const char *line;
@@ -205,19 +206,30 @@ static int entry_in_frame(const char *p, size_t len, void *arg)
 
 	if (!nth_line(p, len, c->k, &line, &n))
 		return -EBADMSG;
-	return parse_entry(line, n, c->e);
+	return c->fn(line, n, c->arg);
+}
+
+/* Hand the line of entry index i to fn, through the cache. */
+int mf_line_at(struct dataset *ds, uint64_t i, mf_line_fn fn, void *arg)
+{
+	struct line_call c = {(unsigned int)(i % ZMF_FRAME_ENTRIES), fn, arg};
+
+	if (i >= ds->mf->nentries)
+		return -ENOENT;
+	return mf_frame(ds, (uint32_t)(i / ZMF_FRAME_ENTRIES), line_in_frame,
+			&c);
+}
+
+static int entry_of_line(const char *line, size_t n, void *arg)
+{
+	return parse_entry(line, n, arg);
 }
 
 /* Entry index i of the manifest. */
 int mf_entry_at(struct dataset *ds, uint64_t i, struct mf_entry *e)
 {
-	struct line_call c = {(unsigned int)(i % ZMF_FRAME_ENTRIES), e};
-
-	if (i >= ds->mf->nentries)
-		return -ENOENT;
 	e->index = i;
-	return mf_frame(ds, (uint32_t)(i / ZMF_FRAME_ENTRIES), entry_in_frame,
-			&c);
+	return mf_line_at(ds, i, entry_of_line, e);
 }
 
 /* --- the first keys of frames, for binary search --- */
