@@ -386,6 +386,9 @@ void ktier_fill_end(struct cache *c, uint64_t id, uint64_t pos, size_t len);
 void ktier_forget(struct cache *c, uint64_t id);
 unsigned long ktier_tracks(struct cache *c, uint64_t id);
 void ktier_evict_all(struct cache *c);
+/* Wait up to us microseconds for what is queued to leave the page cache
+ * (rule 2: a bounded wait, never on a fill). */
+void ktier_drain(struct cache *c, unsigned int us);
 unsigned long ktier_pages(struct group *g);
 unsigned long ktier_queued(struct cache *c);
 

@@ -346,10 +346,10 @@ static enum kt_step kt_fill_chunk(struct ktier *kt, struct group *g,
 	return KT_DONE;
 }
 
-/* Give what reclaim queued up to KT_WAIT_US to leave the page cache. */
-static void kt_wait_drained(struct ktier *kt)
+/* Give what is queued up to us microseconds to leave the page cache. */
+static void kt_wait_drained(struct ktier *kt, unsigned int us)
 {
-	struct timespec until = deadline_after_us(CLOCK_MONOTONIC, KT_WAIT_US);
+	struct timespec until = deadline_after_us(CLOCK_MONOTONIC, us);
 
 	pthread_mutex_lock(&kt->lock);
 	while (kt->queued && !kt->stop &&
@@ -427,7 +427,7 @@ void ktier_fill_end(struct cache *cache, uint64_t id, uint64_t pos,
 			kt_drop_now(kt, c);
 	}
 	pthread_mutex_unlock(&kt->lock);
-	kt_wait_drained(kt);
+	kt_wait_drained(kt, KT_WAIT_US);
 }
 
 /*
@@ -622,6 +622,12 @@ void ktier_evict_all(struct cache *cache)
 					kt_drop_now(kt, c);
 			}
 	pthread_mutex_unlock(&kt->lock);
+}
+
+void ktier_drain(struct cache *cache, unsigned int us)
+{
+	if (cache->kt)
+		kt_wait_drained(cache->kt, us);
 }
 
 /* Ranges to drop, adjacent ones of one file merged into one call. */

@@ -865,6 +865,10 @@ int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 		s->skipped += skip;
 	}
 	r = stream_pump(s, rd, ctx, fr, dst, len);
+	/* the piece that ends the frame: its checksum is read and checked
+	 * too, whether or not zstd got to it filling the piece */
+	if (r >= 0 && s->out_pos == fr->d_size)
+		r = stream_pump(s, rd, ctx, fr, NULL, 0) ? -EBADMSG : 0;
 	if (r < 0)
 		goto bad;
 	return 0;

@@ -783,6 +783,61 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 	}
 }
 
+/*
+ * A frame decoded in pieces (over ZSEEK_SPLIT_ABOVE: a plain `zstd FILE`)
+ * is checked only when its decoder reaches the frame's end, so its pieces
+ * before were served unchecked.  Once it fails there (or anywhere), none
+ * of it is served again: every read of its range fails (zfile_range_failed,
+ * before the cache is looked at), and what the kernel's page cache holds
+ * of the mount is dropped, as for a lying table.  Without memory for the
+ * bits, the whole file fails.
+ */
+/* The longest a read that finds a frame damaged waits for the page cache
+ * to let go of the mount's pages (a few MiB take microseconds, but the
+ * whole tier may be queued) */
+#define FAILED_DRAIN_US 100000
+
+static void frame_failed(struct zfile *f, uint32_t frame)
+{
+	_Atomic uint8_t *bits = atomic_load(&f->failed), *none = NULL;
+
+	if (!bits) {
+		bits = calloc(f->idx.nframes / 8 + 1, 1);
+		if (!bits) {
+			atomic_store(&f->table_lies, true);
+			ktier_evict_all(f->mapping->cache);
+			return;
+		}
+		if (!atomic_compare_exchange_strong(&f->failed, &none, bits)) {
+			free((void *)bits);
+			bits = none;
+		}
+	}
+	atomic_fetch_or(&bits[frame / 8], (uint8_t)(1u << (frame % 8)));
+	ktier_evict_all(f->mapping->cache);
+	/* gone before this read's reader hears of it, and reads again */
+	ktier_drain(f->mapping->cache, FAILED_DRAIN_US);
+}
+
+bool zfile_range_failed(struct zfile *f, uint64_t pos, uint64_t len)
+{
+	_Atomic uint8_t *bits = atomic_load(&f->failed);
+	unsigned long i, last;
+
+	if (!bits || !len || !f->nslots)
+		return false;
+	last = mapping_index(f->mapping, pos + len - 1);
+	for (i = mapping_index(f->mapping, pos); i <= last && i < f->nslots;
+	     i++) {
+		uint32_t fr = slot_frame(f, i);
+
+		if (atomic_load_explicit(&bits[fr / 8], memory_order_relaxed) &
+		    (1u << (fr % 8)))
+			return true;
+	}
+	return false;
+}
+
 /* Content of slot (a piece of a big frame) into dst, for g's fill (or
  * NULL: a bounce read, which keeps nothing). */
 static int read_split(struct zfile *f, unsigned long slot, void *dst,
@@ -852,6 +907,8 @@ static int read_split(struct zfile *f, unsigned long slot, void *dst,
 	z->win = z->pages;
 	pthread_mutex_unlock(&f->stream_lock);
 	pthread_mutex_unlock(&z->lock);
+	if (r == -EBADMSG)
+		frame_failed(f, frame);
 	return r;
 }
 
@@ -1363,6 +1420,7 @@ static void zfile_release(struct mapping *m)
 	free(f->slot_skip);
 	free(f->parts);
 	free(f->raw_at);
+	free((void *)atomic_load(&f->failed));
 	zfile_fd_release(f);
 	store_obj_free(f->obj);
 	free(f->path);

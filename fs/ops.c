@@ -653,10 +653,11 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 {
 	ktier_fill_begin(&ds->cache, g, ino, h->h.size, (uint64_t)off, size);
 	w->fill_due = (struct tier_fill){&ds->cache, ino, (uint64_t)off, size};
-	/* caught lying since read_data() looked: its ktier_evict_all() may
-	 * have come before this fill began, and would not drop it; this
-	 * one drops it at its end */
-	if (atomic_load(&h->h.file->table_lies)) {
+	/* caught lying (or a frame of it failed) since read_data() looked:
+	 * its ktier_evict_all() may have come before this fill began, and
+	 * would not drop it; this one drops it at its end */
+	if (atomic_load(&h->h.file->table_lies) ||
+	    zfile_range_failed(h->h.file, h->h.base + (uint64_t)off, size)) {
 		ktier_evict_all(&ds->cache);
 		fuse_reply_err(req, EIO);
 		return;
@@ -696,7 +697,8 @@ static void read_data(fuse_req_t req, struct dataset *ds,
 		size = (size_t)(h->h.size - (uint64_t)off);
 	/* not even what zfolio's cache holds: it may hold bytes filled from
 	 * the wrong place before the table was caught */
-	if (atomic_load(&h->h.file->table_lies)) {
+	if (atomic_load(&h->h.file->table_lies) ||
+	    zfile_range_failed(h->h.file, h->h.base + (uint64_t)off, size)) {
 		fuse_reply_err(req, EIO);
 		return;
 	}

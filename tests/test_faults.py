@@ -4,7 +4,7 @@
 files), faults above (signals, unmounts), and what the daemon must never do
 (follow links out of the dataset, open device nodes).
 
-    test_faults.py eio | short | direct | corrupt | changed | repacked | signals |
+    test_faults.py eio | short | direct | corrupt | bigframe | changed | repacked | signals |
                    security | soak | valgrind
 """
 import ctypes
@@ -487,6 +487,83 @@ def test_repacked():
                   "with %s missing: %s" % (biggest, bad))
             check("data/%s: No such file or directory: the dataset is damaged" % biggest
                   in m.output(), "the message: %r" % m.output())
+
+
+def test_bigframe():
+    """A frame bigger than 4 MiB (a plain `zstd FILE`) is served in pieces,
+    and its checksum is checked when the decoder reaches the frame's end.
+    Once that fails, no piece of it is served again (zfolio's cache and the
+    kernel's page cache alike), the reads of its range are EIO, and the log
+    says which file; other files still read."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst = d + "/src", d + "/dst"
+        os.makedirs(src)
+        os.makedirs(dst)
+        files = {"text": text_bytes(10 << 20, 21), "rand": rand_bytes(6 << 20, 22),
+                 "good": text_bytes(6 << 20, 23)}
+        for name, data in files.items():
+            with open(src + "/" + name, "wb") as f:
+                f.write(data)
+            subprocess.run(["zstd", "-q", "-f", "-3", src + "/" + name, "-o",
+                            dst + "/" + name + ".zst"], check=True)
+        # text: the checksum itself (the last 4 bytes) damaged, so every
+        # piece decodes to the right bytes and only the end tells; rand:
+        # stored in raw blocks, a byte of content damaged in the middle,
+        # which decodes to a wrong byte that only the checksum catches
+        with open(dst + "/text.zst", "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([b[0] ^ 1]))
+        size = os.path.getsize(dst + "/rand.zst")
+        with open(dst + "/rand.zst", "r+b") as f:
+            f.seek(size // 2)
+            b = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([b[0] ^ 0x40]))
+        for name in ("text", "rand"):
+            r = subprocess.run(["zstd", "-t", "-q", dst + "/" + name + ".zst"],
+                               capture_output=True)
+            check(r.returncode != 0, "zstd -t passes the damaged " + name)
+        for opts in ("budget=64M", "budget=64M,cache=engine"):
+            with Mount(dst, d + "/mnt", opts) as m:
+                for name in ("text", "rand"):
+                    path, data = d + "/mnt/" + name, files[name]
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        failed_at = None
+                        for off in range(0, len(data), 128 << 10):
+                            try:
+                                os.pread(fd, 128 << 10, off)
+                            except OSError as e:
+                                check(e.errno == errno.EIO, "%s: %s" % (name, e))
+                                failed_at = off
+                                break
+                        check(failed_at is not None, opts + ": " + name + " read to its end")
+                        # from now on nothing of it, from either cache
+                        for off in (0, 1 << 20, len(data) // 2, failed_at):
+                            try:
+                                got = os.pread(fd, 4096, off)
+                                fail("%s %s: read at %d after the frame failed: %s" % (
+                                    opts, name, off, "right bytes" if
+                                    got == data[off:off + 4096] else "WRONG bytes"))
+                            except OSError as e:
+                                check(e.errno == errno.EIO, "%s: %s" % (name, e))
+                    finally:
+                        os.close(fd)
+                    # and through a new open
+                    try:
+                        with open(path, "rb") as f:
+                            f.read()
+                        fail(opts + ": " + name + " read whole after it failed")
+                    except OSError as e:
+                        check(e.errno == errno.EIO, "%s: %s" % (name, e))
+                    check(name + ".zst: the frame at offset 0 does not decode" in m.output(),
+                          "no message for %s: %r" % (name, m.output()))
+                with open(d + "/mnt/good", "rb") as f:
+                    check(f.read() == files["good"], opts + ": good file")
+                check(m.stat()["corrupt_frames"] >= 2, "corrupt_frames not counted")
 
 
 def test_changed():

@@ -246,6 +246,60 @@ static void test_unsized_frame(void)
 	free(got);
 }
 
+/* A big frame is read in pieces: the piece that ends the frame checks
+ * the frame's checksum too, and fails if it does not match (the pieces
+ * before were read unchecked: fs/backing.c remembers the frame failed). */
+static void test_stream_checksum(void)
+{
+	struct membuf m = {0};
+	size_t len = 5 << 20, piece = 1 << 20;
+	unsigned char *src = malloc(len), *got = malloc(piece);
+	ZSTD_CCtx *c = ZSTD_createCCtx();
+	size_t cap = ZSTD_compressBound(len), n;
+	unsigned char *dst = malloc(cap);
+	struct zseek_index idx;
+	struct zseek_stream s;
+	char err[128];
+
+	make_content(src, len, 12);
+	ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 3);
+	ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1);
+	n = ZSTD_compress2(c, dst, cap, src, len);
+	CHECK(!ZSTD_isError(n));
+	mb_put(&m, dst, n);
+	CHECK_EQ(zseek_index_build(mem_read_buf, &m, m.len, true, &idx, err,
+				   sizeof(err)),
+		 0);
+	CHECK_EQ(idx.nframes, 1);
+	CHECK_EQ(zseek_stream_init(&s), 0);
+	for (size_t off = 0; off < len; off += piece) {
+		CHECK_EQ(zseek_stream_read(&s, mem_read_buf, &m, &idx, 0, off,
+					   got, piece),
+			 0);
+		CHECK(memcmp(got, src + off, piece) == 0);
+	}
+	/* the checksum (the frame's last 4 bytes) damaged */
+	m.p[m.len - 1] ^= 1;
+	for (size_t off = 0; off + piece < len; off += piece)
+		CHECK_EQ(zseek_stream_read(&s, mem_read_buf, &m, &idx, 0, off,
+					   got, piece),
+			 0);
+	CHECK_EQ(zseek_stream_read(&s, mem_read_buf, &m, &idx, 0, len - piece,
+				   got, piece),
+		 -EBADMSG);
+	/* and a piece that ends the frame on its own, from a fresh start */
+	CHECK_EQ(zseek_stream_read(&s, mem_read_buf, &m, &idx, 0, len - 100,
+				   got, 100),
+		 -EBADMSG);
+	zseek_stream_free(&s);
+	zseek_index_free(&idx);
+	ZSTD_freeCCtx(c);
+	free(m.p);
+	free(dst);
+	free(src);
+	free(got);
+}
+
 static void put_le32(unsigned char *p, uint32_t v)
 {
 	p[0] = (unsigned char)v;
@@ -689,6 +743,7 @@ int main(void)
 	RUN(test_round_trip);
 	RUN(test_foreign_multiframe);
 	RUN(test_unsized_frame);
+	RUN(test_stream_checksum);
 	RUN(test_truncated);
 	RUN(test_lying_table);
 	RUN(test_corrupt_frame);
