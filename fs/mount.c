@@ -668,6 +668,13 @@ static int check_args(struct daemon *d)
 	}
 	if (o->transport == TRANSPORT_URING && check_uring())
 		return -1;
+	/* as memory.high above memory.max: allowed, and never reached */
+	if (o->high != UINT64_MAX && o->high >= o->budget)
+		fprintf(stderr,
+			"%s: high=%llu KiB is not below budget=%llu KiB: "
+			"the background reclaimer will never run\n",
+			progname, (unsigned long long)(o->high >> 10),
+			(unsigned long long)(o->budget >> 10));
 	cores = sysconf(_SC_NPROCESSORS_ONLN);
 	if (!o->threads)
 		o->threads = (unsigned int)(cores > 0 ? 2 * cores : 2);

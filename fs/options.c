@@ -209,7 +209,10 @@ void opt_value_range(const struct opt_desc *d, char *out, size_t len)
 			    (unsigned long long)d->max,
 			    strcmp(d->def, "auto") ? "" : ", or auto");
 		return;
-	default: /* names, text, choices: as the help shows them */
+	case OPT_NAME:
+		text_printf(&t, "a file name: not empty, no '/', not . or ..");
+		return;
+	default: /* text, choices: as the help shows them */
 		text_printf(&t, "%s", d->choices ? "one of " : "");
 		opt_value_hint(d, out + t.off, len - t.off);
 		return;

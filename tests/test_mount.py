@@ -182,7 +182,13 @@ def test_errors():
                        "(one of engine|kernel)")
         one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "threads=-1"]), "bad threads",
                        "(a number from 0 to 256)")
+        one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "ctl=a/b"]), "bad ctl",
+                       "(a file name: not empty, no '/', not . or ..)")
         one_line_error(run_cli([d + "/ds"]), "no mountpoint", "MOUNTPOINT")
+        # high at or over the budget: mounts, and says it never applies
+        with Mount(d + "/ds", d + "/mnt", "budget=8M,high=16M") as m:
+            check("high=16384 KiB is not below budget=8192 KiB" in m.output(),
+                  "high over budget: %r" % m.output())
         # no /dev/fuse: hide /dev in a private mount namespace
         r = subprocess.run(["unshare", "-m", "sh", "-c",
                             "mount -t tmpfs none /dev && exec \"$0\" \"$@\"",
