@@ -63,6 +63,7 @@ struct zseek_frame {
 	uint64_t d_size; /* content bytes */
 	uint32_t checksum;
 	bool sized;      /* content size came from a table or header */
+	bool checked;    /* its header asks for zstd's own content checksum */
 };
 
 /*
@@ -89,7 +90,8 @@ struct zseek_packed {
 
 struct zseek_index {
 	enum zseek_kind kind;
-	bool has_checksum;
+	bool has_checksum;    /* the seek table's, checked by the reader */
+	bool frame_checksums; /* some frame carries zstd's own (walked) */
 	uint64_t file_size;
 	uint64_t content_size;
 	uint32_t nframes;

@@ -442,6 +442,7 @@ static int walk_frame(zseek_read_fn rd, void *ctx, uint64_t off,
 	fr->c_off = off;
 	fr->c_size = (uint64_t)end + (fh.checksumFlag ? 4 : 0) - off;
 	fr->sized = fh.frameContentSize != ZSTD_CONTENTSIZE_UNKNOWN;
+	fr->checked = fh.checksumFlag;
 	fr->d_size = fr->sized ? fh.frameContentSize : 0;
 	if (fr->d_size > nblocks * ZSTD_BLOCKSIZE_MAX)
 		return fail(err, errlen, -EBADMSG,
@@ -464,6 +465,7 @@ int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 
 	idx->frames = NULL;
 	idx->nframes = 0;
+	idx->frame_checksums = false;
 	if (err && errlen)
 		err[0] = '\0';
 	while (off < file_size) {
@@ -488,6 +490,7 @@ int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 			break;
 		}
 		fr.d_off = d;
+		idx->frame_checksums |= fr.checked;
 		/* keep unsized frames: their size is measured later */
 		if ((fr.d_size || !fr.sized) &&
 		    (r = frames_push(idx, &cap, &fr))) {

@@ -937,7 +937,8 @@ static int said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 		zlog_file(f->path, "the frame at offset %llu does not decode%s",
 			  (unsigned long long)zseek_frame_at(
 				  &f->idx, slot_frame(f, slot)).c_off,
-			  f->idx.has_checksum ? ", or fails its checksum"
+			  f->idx.has_checksum || f->idx.frame_checksums
+				  ? ", or fails its checksum"
 					      : "");
 	return r;
 }
