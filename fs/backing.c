@@ -783,20 +783,20 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 	}
 }
 
-/*
- * A frame decoded in pieces (over ZSEEK_SPLIT_ABOVE: a plain `zstd FILE`)
- * is checked only when its decoder reaches the frame's end, so its pieces
- * before were served unchecked.  Once it fails there (or anywhere), none
- * of it is served again: every read of its range fails (zfile_range_failed,
- * before the cache is looked at), and what the kernel's page cache holds
- * of the mount is dropped, as for a lying table.  Without memory for the
- * bits, the whole file fails.
- */
 /* The longest a read that finds a frame damaged waits for the page cache
  * to let go of the mount's pages (a few MiB take microseconds, but the
  * whole tier may be queued) */
 #define FAILED_DRAIN_US 100000
 
+/*
+ * A frame decoded in pieces (over ZSEEK_SPLIT_ABOVE: a plain `zstd FILE`)
+ * is checked only when its decoder reaches the frame's end, so its pieces
+ * before were served unchecked.  Once it fails there (or anywhere), none
+ * of it is served again: every read of its range fails (zfile_range_refused,
+ * before the cache is looked at), and what the kernel's page cache holds
+ * of the mount is dropped, as for a lying table.  Without memory for the
+ * bits, the whole file fails.
+ */
 static void frame_failed(struct zfile *f, uint32_t frame)
 {
 	_Atomic uint8_t *bits = atomic_load(&f->failed), *none = NULL;
@@ -819,11 +819,13 @@ static void frame_failed(struct zfile *f, uint32_t frame)
 	ktier_drain(f->mapping->cache, FAILED_DRAIN_US);
 }
 
-bool zfile_range_failed(struct zfile *f, uint64_t pos, uint64_t len)
+bool zfile_range_refused(struct zfile *f, uint64_t pos, uint64_t len)
 {
 	_Atomic uint8_t *bits = atomic_load(&f->failed);
 	unsigned long i, last;
 
+	if (atomic_load(&f->table_lies))
+		return true;
 	if (!bits || !len || !f->nslots)
 		return false;
 	last = mapping_index(f->mapping, pos + len - 1);

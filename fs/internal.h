@@ -166,7 +166,7 @@ struct zfile {
 	struct stream_pool *pool;   /* the dataset's live streams */
 	/* split frames found damaged, a bit per frame (NULL until one is):
 	 * their pieces were served before the end was checked, and are not
-	 * served again (zfile_range_failed) */
+	 * served again (zfile_range_refused) */
 	_Atomic uint8_t *_Atomic failed;
 	struct mapping *mapping;
 };
@@ -540,7 +540,8 @@ int remote_describe(char *buf, size_t len);
 /* backing.c */
 extern const struct mapping_ops zfile_mapping_ops;
 int zfile_build_geometry(struct zfile *f);
-bool zfile_range_failed(struct zfile *f, uint64_t pos, uint64_t len);
+/* Reads of [pos, pos + len) fail: its table lies, or a frame failed */
+bool zfile_range_refused(struct zfile *f, uint64_t pos, uint64_t len);
 
 /* faults.c: the test hook ZFOLIO_TEST_FAULT */
 void backing_faults_from_env(void);

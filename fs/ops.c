@@ -656,8 +656,7 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 	/* caught lying (or a frame of it failed) since read_data() looked:
 	 * its ktier_evict_all() may have come before this fill began, and
 	 * would not drop it; this one drops it at its end */
-	if (atomic_load(&h->h.file->table_lies) ||
-	    zfile_range_failed(h->h.file, h->h.base + (uint64_t)off, size)) {
+	if (zfile_range_refused(h->h.file, h->h.base + (uint64_t)off, size)) {
 		ktier_evict_all(&ds->cache);
 		fuse_reply_err(req, EIO);
 		return;
@@ -697,8 +696,7 @@ static void read_data(fuse_req_t req, struct dataset *ds,
 		size = (size_t)(h->h.size - (uint64_t)off);
 	/* not even what zfolio's cache holds: it may hold bytes filled from
 	 * the wrong place before the table was caught */
-	if (atomic_load(&h->h.file->table_lies) ||
-	    zfile_range_failed(h->h.file, h->h.base + (uint64_t)off, size)) {
+	if (zfile_range_refused(h->h.file, h->h.base + (uint64_t)off, size)) {
 		fuse_reply_err(req, EIO);
 		return;
 	}
