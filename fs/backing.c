@@ -374,7 +374,7 @@ static unsigned int batch_run(struct fill_batch *b, struct zfile *f,
 			      unsigned int k, size_t pos)
 {
 	struct ring_read *r = &io->runs[k];
-	struct zseek_frame fr;
+	struct zseek_frame fr = {0}; /* set: the caller checked folio i */
 	unsigned int j;
 
 	batch_frame(b, f, i, &fr);
