@@ -102,6 +102,11 @@ static int read_header(const char *p, size_t len, void *arg)
 	if (header_value(line, n, "nlink", &v[0]) || !v[0] || v[0] > UINT32_MAX)
 		v[0] = 2;
 	mf->root.st_nlink = (nlink_t)v[0];
+	/* its size as the source's showed; 0 from an older mkzfolio */
+	if (!header_value(line, n, "size", &v[0]) && v[0] <= INT32_MAX) {
+		mf->root.st_size = (off_t)v[0];
+		mf->root.st_blocks = (blkcnt_t)((v[0] + 511) / 512);
+	}
 	return 0;
 }
 

@@ -22,6 +22,7 @@ from zftest import *  # noqa: E402,F401,F403
 
 def compare_tree(src, mnt, files):
     """stat (size, mode, mtime), readdir and readlink match the source."""
+    check(os.stat(src).st_size == os.stat(mnt).st_size, "size of the root")
     for dirpath, dirnames, filenames in os.walk(src):
         rel = os.path.relpath(dirpath, src)
         got = sorted(os.listdir(os.path.join(mnt, rel)))
@@ -33,7 +34,7 @@ def compare_tree(src, mnt, files):
             what = os.path.join(rel, name)
             check(stat.S_IFMT(s.st_mode) == stat.S_IFMT(m.st_mode), "type of " + what)
             check(s.st_mode == m.st_mode, "mode of %s: %o != %o" % (what, m.st_mode, s.st_mode))
-            if stat.S_ISREG(s.st_mode):
+            if stat.S_ISREG(s.st_mode) or stat.S_ISDIR(s.st_mode):
                 check(s.st_size == m.st_size, "size of %s: %d != %d" % (what, m.st_size, s.st_size))
             if not stat.S_ISLNK(s.st_mode):
                 check(s.st_mtime_ns == m.st_mtime_ns, "mtime of %s" % what)
@@ -484,6 +485,9 @@ def test_foreign():
             check(m.stat()["decoder_windows"] > 0, "the decoder window is charged")
         with Mount(ds + "/multi.zst", mnt, "budget=8M"):
             check(os.listdir(mnt) == ["multi"], "single file mount: " + str(os.listdir(mnt)))
+            root = os.stat(mnt)
+            check(stat.S_ISDIR(root.st_mode) and root.st_size == 0 and root.st_blocks == 0,
+                  "the made-up root has no size of its own: %d" % root.st_size)
             with open(mnt + "/multi", "rb") as f:
                 check(f.read() == whole, "single file mount content")
         # one FILE.zst that is not zstd data: refused, saying what it seems

@@ -223,12 +223,13 @@ static void manifest_finish(struct packed *p, const struct stat *root,
 		 (unsigned long long)p->entries,
 		 (unsigned long long)p->next_id);
 	put_text(p, "\tbytes=%llu\tmode=%u\tuid=%u\tgid=%u\tmtime=%lld"
-		    "\tmtime_ns=%ld\tnlink=%llu",
+		    "\tmtime_ns=%ld\tnlink=%llu\tsize=%llu",
 		 (unsigned long long)p->bytes,
 		 (unsigned int)(root->st_mode & 07777),
 		 (unsigned int)root->st_uid, (unsigned int)root->st_gid,
 		 (long long)root->st_mtim.tv_sec, root->st_mtim.tv_nsec,
-		 (unsigned long long)root_nlink);
+		 (unsigned long long)root_nlink,
+		 (unsigned long long)root->st_size);
 	if (xlen) {
 		put_text(p, "\txattrs=");
 		put_bytes(p, root_xattrs, xlen);
@@ -470,6 +471,7 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 		p->pk->files++;
 	} else if (S_ISDIR(st.st_mode)) {
 		nlink = dir_nlink(dirfd, name);
+		size = (uint64_t)st.st_size; /* as ls shows the source's */
 		p->pk->dirs++;
 	} else if (S_ISLNK(st.st_mode)) {
 		len = readlinkat(dirfd, name, target, sizeof(target) - 1);
