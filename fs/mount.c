@@ -521,7 +521,7 @@ static void loop_stop(struct loop *lp)
 }
 
 /* Serve until a stop signal or the kernel ends the session, then stop. */
-static void loop_wait(struct loop *lp)
+static void loop_wait(struct loop *lp, const char *mountpoint)
 {
 	unsigned int left = lp->n;
 
@@ -529,6 +529,10 @@ static void loop_wait(struct loop *lp)
 	while (!stop_signal && !fuse_session_exited(lp->se) && left)
 		if (worker_left(lp, 200))
 			left--;
+	if (stop_signal)
+		zlog_file(mountpoint, "SIG%s: serving what is asked for at most "
+			  "%d ms, then unmounting", sigabbrev_np(stop_signal),
+			  LOOP_DRAIN_MS);
 	/* the workers that left already posted: count them again in stop */
 	for (unsigned int i = 0; i < lp->n - left; i++)
 		sem_post(&lp->done);
@@ -936,7 +940,7 @@ static int serve(struct daemon *d)
 		started(report);
 	}
 	pthread_sigmask(SIG_SETMASK, &mask, NULL);
-	loop_wait(&lp);
+	loop_wait(&lp, d->fopts.mountpoint);
 	ktier_disable(&d->ds.cache);
 	watchdog_stop(&wd);
 	return ret;

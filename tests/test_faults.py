@@ -764,6 +764,8 @@ def test_signals():
                 check(code == 0, "exit status after %s" % sig)
                 check(t < 1.5, "%s: the mount took %.2f s to go" % (sig, t))
                 check(not is_mounted(mnt), "still mounted after %s" % sig)
+                check("%s: %s: serving what is asked" % (mnt, sig.name) in m.output(),
+                      "the log says why it stopped: " + m.output())
         # busy: unmount refused while a file is open, works once closed
         with Mount(dst, mnt, "budget=2M") as m:
             f = open(mnt + "/f", "rb")
