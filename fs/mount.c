@@ -520,7 +520,9 @@ static void loop_stop(struct loop *lp)
 		pthread_join(lp->workers[i].thread, NULL);
 }
 
-/* Serve until a stop signal or the kernel ends the session, then stop. */
+/* Serve until a stop signal or the kernel ends the session, then stop;
+ * a signal's stop is logged against mountpoint (NULL: a failed start's
+ * stop, which its own error has said) */
 static void loop_wait(struct loop *lp, const char *mountpoint)
 {
 	unsigned int left = lp->n;
@@ -529,7 +531,7 @@ static void loop_wait(struct loop *lp, const char *mountpoint)
 	while (!stop_signal && !fuse_session_exited(lp->se) && left)
 		if (worker_left(lp, 200))
 			left--;
-	if (stop_signal)
+	if (stop_signal && mountpoint)
 		zlog_file(mountpoint, "SIG%s: serving what is asked for at most "
 			  "%d ms, then unmounting", sigabbrev_np(stop_signal),
 			  LOOP_DRAIN_MS);
@@ -940,7 +942,7 @@ static int serve(struct daemon *d)
 		started(report);
 	}
 	pthread_sigmask(SIG_SETMASK, &mask, NULL);
-	loop_wait(&lp, d->fopts.mountpoint);
+	loop_wait(&lp, ret ? NULL : d->fopts.mountpoint);
 	ktier_disable(&d->ds.cache);
 	watchdog_stop(&wd);
 	return ret;
