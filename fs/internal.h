@@ -404,6 +404,7 @@ int parse_entry(const char *line, size_t len, struct mf_entry *e);
 typedef int (*mf_line_fn)(const char *line, size_t n, void *arg);
 int mf_line_at(struct dataset *ds, uint64_t i, mf_line_fn fn, void *arg);
 int mf_entry_at(struct dataset *ds, uint64_t i, struct mf_entry *e);
+int mf_entry_placed(const struct mf_entry *e, uint64_t i);
 int mf_seek(struct dataset *ds, const char *parent, size_t plen,
 	    const char *name, size_t nlen, uint64_t *index, bool *exact);
 

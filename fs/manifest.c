@@ -75,7 +75,8 @@ static int read_header(const char *p, size_t len, void *arg)
 	size_t n;
 
 	if (!nth_line(p, len, 0, &line, &n) || n < strlen(ZMF_MAGIC) ||
-	    memcmp(line, ZMF_MAGIC, strlen(ZMF_MAGIC)))
+	    memcmp(line, ZMF_MAGIC, strlen(ZMF_MAGIC)) ||
+	    (n > strlen(ZMF_MAGIC) && line[strlen(ZMF_MAGIC)] != '\t'))
 		return -EBADMSG;
 	for (int i = 0; i < 9; i++)
 		if (header_value(line, n, keys[i], &v[i]))
@@ -110,14 +111,22 @@ static int read_header(const char *p, size_t len, void *arg)
 	return 0;
 }
 
-/* The frames the entries need, against what the file has. */
-static int check_shape(struct manifest *mf)
+/* The frames the entries need, against what the file has (why not, in
+ * why). */
+static int check_shape(struct manifest *mf, char *why, size_t whylen)
 {
 	uint64_t want = (mf->nentries + ZMF_FRAME_ENTRIES - 1) /
 				ZMF_FRAME_ENTRIES + 1;
 
-	if (want != mf->zf->mapping->nr_folios || want > UINT32_MAX)
+	if (want != mf->zf->mapping->nr_folios || want > UINT32_MAX) {
+		snprintf(why, whylen, ": its header counts %llu entries, "
+				      "which take %llu frames with the "
+				      "header's, and the file has %lu",
+			 (unsigned long long)mf->nentries,
+			 (unsigned long long)want,
+			 mf->zf->mapping->nr_folios);
 		return -EBADMSG;
+	}
 	mf->nframes = (uint32_t)want;
 	return 0;
 }
@@ -157,13 +166,20 @@ int manifest_open(struct dataset *ds, char *err, size_t errlen)
 			snprintf(err, errlen, "%s", why);
 		return r;
 	}
-	if (!r && !mf->zf->mapping->nr_folios)
+	why[0] = '\0';
+	if (!r && !mf->zf->mapping->nr_folios) {
+		snprintf(why, sizeof(why), ": it holds no frame");
 		r = -EBADMSG;
-	if (!r)
+	}
+	if (!r) {
 		r = mf_frame(ds, (uint32_t)mf->zf->mapping->nr_folios - 1,
 			     read_header, &hc);
+		if (r == -EBADMSG)
+			snprintf(why, sizeof(why), ": its last frame is not "
+				 "a %s header line", ZMF_MAGIC);
+	}
 	if (!r)
-		r = check_shape(mf);
+		r = check_shape(mf, why, sizeof(why));
 	cache_thread_unregister();
 	if (!r) {
 		mf->keys = calloc(mf->nframes, sizeof(*mf->keys));
@@ -177,9 +193,10 @@ int manifest_open(struct dataset *ds, char *err, size_t errlen)
 		CDS_INIT_LIST_HEAD(&mf->data[i].lru);
 	}
 	if (r)
-		snprintf(err, errlen, "%s: %s", ZMF_NAME,
+		snprintf(err, errlen, "%s: %s%s", ZMF_NAME,
 			 r == -EPROTO ? "a manifest of another version"
-				      : "not a valid manifest");
+				      : "not a valid manifest",
+			 r == -EPROTO ? "" : why);
 	mf->root.st_ino = FUSE_ROOT_ID;
 	return r;
 }
@@ -464,6 +481,8 @@ static int walk_in_frame(const char *p, size_t len, void *arg)
 		if (!nth_line(line, (size_t)(end - line), 0, &line, &n))
 			break;
 		r = parse_entry(line, n, w->e);
+		if (!r)
+			r = mf_entry_placed(w->e, w->index);
 		if (r)
 			return r;
 		if (zmf_path_cmp(w->e->parent, w->e->plen, w->dir->path,

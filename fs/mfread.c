@@ -52,7 +52,15 @@ int mf_frame(struct dataset *ds, uint32_t frame, mf_frame_fn fn,
 	cache_read(&r->rq, frame_reply, &c);
 	if (!w)
 		free(r);
-	return c.ret;
+	/* text that does not parse in a manifest that opened (its header
+	 * did): damaged, it reads as EIO, as damaged data does, and is said
+	 * (once per frame) */
+	if (c.ret != -EBADMSG || !mf->keys)
+		return c.ret;
+	zlog_file(ZMF_NAME, "frame %u holds an entry that does not parse: the "
+			    "manifest is damaged, and what needs that entry "
+			    "reads as EIO", frame);
+	return -EIO;
 }
 
 /* Line k of a frame's text: its start and length (without the newline). */
@@ -225,11 +233,37 @@ static int entry_of_line(const char *line, size_t n, void *arg)
 	return parse_entry(line, n, arg);
 }
 
+/*
+ * An entry's inode number against its place: mkzfolio numbers the entry of
+ * index i as i + 2 (1 is the root), and gives a later name of a hard link
+ * its first name's number.  Any other (an edited manifest) would hand the
+ * kernel node 0 (taken as "no such name"), the root's, or one directory
+ * under two names: the entry is damaged, and said so (once per entry).
+ */
+int mf_entry_placed(const struct mf_entry *e, uint64_t i)
+{
+	uint64_t ino = (uint64_t)e->st.st_ino;
+
+	if (ino == i + 2 || (S_ISREG(e->st.st_mode) && ino >= 2 && ino < i + 2))
+		return 0;
+	zlog_file(ZMF_NAME, "entry %llu (%.*s%s%.*s) has inode number %llu, "
+			    "not %llu%s: the manifest is damaged, and the "
+			    "entry reads as EIO",
+		  (unsigned long long)i, (int)e->plen, e->parent,
+		  e->plen ? "/" : "", (int)e->nlen, e->name,
+		  (unsigned long long)ino, (unsigned long long)i + 2,
+		  S_ISREG(e->st.st_mode) ? " or an earlier file's" : "");
+	return -EIO;
+}
+
 /* Entry index i of the manifest. */
 int mf_entry_at(struct dataset *ds, uint64_t i, struct mf_entry *e)
 {
+	int r;
+
 	e->index = i;
-	return mf_line_at(ds, i, entry_of_line, e);
+	r = mf_line_at(ds, i, entry_of_line, e);
+	return r ? r : mf_entry_placed(e, i);
 }
 
 /* --- the first keys of frames, for binary search --- */

@@ -4,8 +4,8 @@
 files), faults above (signals, unmounts), and what the daemon must never do
 (follow links out of the dataset, open device nodes).
 
-    test_faults.py eio | short | direct | corrupt | bigframe | changed | repacked | signals |
-                   security | soak | valgrind
+    test_faults.py eio | short | direct | corrupt | bigframe | changed | repacked | manifest |
+                   signals | security | soak | valgrind
 """
 import ctypes
 import errno
@@ -409,6 +409,133 @@ def lie_with_pushes(d):
                   (len(left), left[:5]))
             time.sleep(0.1)
         check(os.path.isdir(m.mnt + "/.zfolio"), "the mount died")
+
+
+def rewrite_manifest(path, edit):
+    """Decompress manifest.zst, let edit(lines) change its lines (the
+    header last), and write it back as mkzfolio lays one out: frames of
+    256 entries, the header's line a frame of its own, a seek table (here
+    without checksums: the zstd CLI compresses each frame)."""
+    text = subprocess.run(["zstd", "-dc", path], capture_output=True, check=True).stdout
+    lines = edit(text.split(b"\n")[:-1])
+    entries, header = lines[:-1], lines[-1]
+    groups = [entries[i:i + 256] for i in range(0, len(entries), 256)] + [[header]]
+    out, table = b"", b""
+    for g in groups:
+        raw = b"".join(line + b"\n" for line in g)
+        z = subprocess.run(["zstd", "-q", "-c", "--no-check", "-1"], input=raw,
+                           capture_output=True, check=True).stdout
+        out += z
+        table += struct.pack("<II", len(z), len(raw))
+    table += struct.pack("<IBI", len(groups), 0, 0x8F92EAB1)
+    with open(path, "wb") as f:
+        f.write(out + struct.pack("<II", 0x184D2A5E, len(table)) + table)
+
+
+def set_field(name, field, value):
+    """An edit: field (0: parent, 1: name, 3: mode, 9: inode number) of
+    the entry whose path is name."""
+    parent, _, base = name.rpartition("/")
+
+    def edit(lines):
+        for i, line in enumerate(lines[:-1]):
+            f = line.split(b"\t")
+            if f[0] == parent.encode() and f[1] == base.encode():
+                f[field] = value(i) if callable(value) else value
+                lines[i] = b"\t".join(f)
+                return lines
+        fail("no entry " + name)
+    return edit
+
+
+def test_manifest():
+    """An edited manifest.zst: an entry whose inode number is not its own
+    (the root's, a directory's, a later file's) or that does not parse
+    reads as EIO, with a line in the log naming it, and every other entry
+    still reads right; a header that is not one, a count of entries the
+    frames do not hold, or the manifest recompressed as one zstd frame
+    refuse the mount with the reason."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, mnt = d + "/src", d + "/mnt"
+        files = {"a": b"first\n", "d/e/f": b"hello\n"}
+        files.update({"many/%03d" % i: b"%d\n" % i for i in range(300)})
+        for n, data in files.items():
+            os.makedirs(os.path.dirname(src + "/" + n), exist_ok=True)
+            with open(src + "/" + n, "wb") as f:
+                f.write(data)
+        os.link(src + "/a", src + "/h")
+        pack(src, d + "/good")
+
+        def served(edit):
+            dst = d + "/dst"
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(d + "/good", dst, symlinks=True)
+            rewrite_manifest(dst + "/manifest.zst", edit)
+            return dst
+
+        def expect(fn, err, what):
+            try:
+                fn()
+            except OSError as e:
+                check(e.errno == err, "%s: %s, not %s" % (what, e, errno.errorcode[err]))
+                return
+            fail(what + ": no error")
+
+        def read(name):
+            with open(mnt + "/" + name, "rb") as f:
+                return f.read()
+
+        cases = [
+            # a directory named as the root: the kernel would take it for it
+            ("d", 9, b"1", ["d", "d/e/f"], [""]),
+            # a directory under two names
+            ("d/e", 9, b"3", ["d/e", "d/e/f"], ["d"]),
+            # node 0: the kernel would take it for "no such name"
+            ("a", 9, b"0", ["a"], [""]),
+            # a file numbered as a later one
+            ("a", 9, lambda i: b"%d" % (len(files) + 5), ["a"], [""]),
+            # a mode that is not octal, in the second frame
+            ("many/299", 3, b"zz", ["many/299"], ["many"]),
+        ]
+        for name, field, value, bad, bad_dirs in cases:
+            what = "%s field %d = %r" % (name, field, value)
+            with Mount(served(set_field(name, field, value)), mnt) as m:
+                for n in bad:
+                    expect(lambda: read(n), errno.EIO, what + ": " + n)
+                for n in bad_dirs:
+                    expect(lambda: os.listdir(mnt + "/" + n), errno.EIO,
+                           what + ": listing " + (n or "the root"))
+                for n, data in files.items():
+                    if n not in bad and not any(n.startswith(b + "/") for b in bad):
+                        check(read(n) == data, what + ": " + n + " wrong")
+                check("a" in bad or read("h") == files["a"], what + ": h")
+                out = m.output()
+                check(("manifest.zst: entry " in out and "the manifest is damaged" in out)
+                      if field == 9 else "holds an entry that does not parse" in out,
+                      what + ": not said: " + out)
+        refused = [
+            (lambda ls: ls[:-1] + [ls[-1].replace(b"zfolio-manifest", b"zfolio-manifext", 1)],
+             "its last frame is not a zfolio-manifest header line"),
+            (lambda ls: ls[:-1] + [ls[-1].replace(b"zfolio-manifest", b"zfolio-manifesto", 1)],
+             "its last frame is not a zfolio-manifest header line"),
+            (lambda ls: ls[:-1] + [ls[-1].replace(b"\tentries=", b"\tentries=9", 1)],
+             "its header counts 9"),
+        ]
+        for edit, reason in refused:
+            r = subprocess.run([ZFOLIO, served(edit), mnt, "-f"], capture_output=True,
+                               text=True, timeout=30)
+            check(r.returncode == 1 and r.stderr.count("\n") == 1 and reason in r.stderr,
+                  "%s: %d %r" % (reason, r.returncode, r.stderr))
+            check(not is_mounted(mnt), "mounted a broken manifest")
+        # recompressed whole by the zstd CLI: one frame, no seek table
+        dst = served(lambda ls: ls)
+        subprocess.run("zstd -dc %s/good/manifest.zst | zstd -q -f -o %s/manifest.zst"
+                       % (d, dst), shell=True, check=True)
+        r = subprocess.run([ZFOLIO, dst, mnt, "-f"], capture_output=True, text=True,
+                           timeout=30)
+        check(r.returncode == 1 and "not a valid manifest: " in r.stderr,
+              "one frame: %d %r" % (r.returncode, r.stderr))
 
 
 def test_repacked():
