@@ -400,6 +400,7 @@ int mf_frame(struct dataset *ds, uint32_t frame, mf_frame_fn fn, void *arg);
 bool nth_line(const char *p, size_t len, unsigned int k, const char **line,
 	      size_t *n);
 int parse_entry(const char *line, size_t len, struct mf_entry *e);
+int parse_parent(const char *line, size_t len, struct mf_entry *e);
 /* What a line callback gets: one entry's line, pinned while it runs. */
 typedef int (*mf_line_fn)(const char *line, size_t n, void *arg);
 int mf_line_at(struct dataset *ds, uint64_t i, mf_line_fn fn, void *arg);

@@ -480,14 +480,19 @@ static int walk_in_frame(const char *p, size_t len, void *arg)
 	for (; line < end; line += n + 1, w->index++, w->k++) {
 		if (!nth_line(line, (size_t)(end - line), 0, &line, &n))
 			break;
-		r = parse_entry(line, n, w->e);
+		r = parse_parent(line, n, w->e);
+		if (!r && zmf_path_cmp(w->e->parent, w->e->plen, w->dir->path,
+				       w->dir->plen)) {
+			w->done = true; /* the next directory's */
+			return 0;
+		}
+		if (!r)
+			r = parse_entry(line, n, w->e);
 		if (!r)
 			r = mf_entry_placed(w->e, w->index);
 		if (r)
 			return r;
-		if (zmf_path_cmp(w->e->parent, w->e->plen, w->dir->path,
-				 w->dir->plen) ||
-		    w->fn(w->arg, w->e, w->k)) {
+		if (w->fn(w->arg, w->e, w->k)) {
 			w->done = true;
 			return 0;
 		}

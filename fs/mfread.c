@@ -200,6 +200,19 @@ int parse_entry(const char *line, size_t len, struct mf_entry *e)
 	return r < 0 ? r : 0;
 }
 
+/* Only the directory of an entry's line, into e->parent: a walk over a
+ * directory stops at the first entry of another without parsing the rest
+ * of it (which may be damaged, and is not the walk's). */
+int parse_parent(const char *line, size_t len, struct mf_entry *e)
+{
+	struct zmf_line l;
+	int r = zmf_split(line, len, &l);
+
+	return r ? r
+		 : unescape_into(&l, ZMF_PARENT, e->parent, sizeof(e->parent),
+				 &e->plen);
+}
+
 struct line_call {
 	unsigned int k;
 	mf_line_fn fn;

@@ -497,7 +497,10 @@ def test_manifest():
             ("a", 9, lambda i: b"%d" % (len(files) + 5), ["a"], [""]),
             # a mode that is not octal, in the second frame
             ("many/299", 3, b"zz", ["many/299"], ["many"]),
+            # and the entry after the last of d/e: d/e still lists
+            ("many/000", 3, b"zz", ["many/000"], ["many"]),
         ]
+        dirs = ["", "d", "d/e", "many"]
         for name, field, value, bad, bad_dirs in cases:
             what = "%s field %d = %r" % (name, field, value)
             with Mount(served(set_field(name, field, value)), mnt) as m:
@@ -506,6 +509,10 @@ def test_manifest():
                 for n in bad_dirs:
                     expect(lambda: os.listdir(mnt + "/" + n), errno.EIO,
                            what + ": listing " + (n or "the root"))
+                for n in dirs:
+                    if n not in bad_dirs and not any(n == b or n.startswith(b + "/")
+                                                     for b in bad):
+                        os.listdir(mnt + "/" + n)
                 for n, data in files.items():
                     if n not in bad and not any(n.startswith(b + "/") for b in bad):
                         check(read(n) == data, what + ": " + n + " wrong")
