@@ -4,7 +4,7 @@
 (tar of the mount equals tar of the source), and many files are listed and
 read with the daemon at 256 open files and its RSS within budget + 32 MiB.
 
-    test_tree.py fidelity | many | bigdir | foreign | missing | push |
+    test_tree.py fidelity | deep | many | bigdir | foreign | missing | push |
                  forgotten
 
 ZF_TREE_FILES sets the size of the many-files tree (default 40000: CI; the
@@ -220,6 +220,68 @@ def check_many(mnt, files, nentries, budget, pid, sample):
     if os.environ.get("ZF_SANITIZE", "none") == "none":
         check(peak <= budget + (32 << 20), "VmRSS %.1f MiB over budget + 32 MiB" %
               (peak / 2**20))
+
+
+def open_deep(root, names):
+    """A descriptor of root/names[0]/names[1]/..., opened a step at a time:
+    the whole path is longer than the kernel takes at once."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for n in names:
+        try:
+            sub = os.open(n, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = sub
+    return fd
+
+
+def test_deep():
+    """A tree deeper than a path: what lies within 4095 bytes of the root
+    is packed and served (a file, a directory's extended attribute read
+    through a source path over 4096 bytes); a directory past that is
+    packed empty, said, and mkzfolio exits 1; on the mount it fails to
+    list with ENAMETOOLONG rather than as damage."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/dst", d + "/mnt"
+        os.makedirs(src)
+        names = ["d%02d" % i + "x" * 250 for i in range(17)]  # 254 bytes a level
+        fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+        for n in names:
+            os.mkdir(n, dir_fd=fd)
+            sub = os.open(n, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        with open(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as f:
+            f.write(b"under the limit\n")  # in d16: packed empty
+        os.close(fd)
+        fd = open_deep(src, names[:16])
+        try:
+            with open(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd),
+                      "wb") as f:
+                f.write(b"deep\n")
+            os.setxattr("/proc/self/fd/%d" % fd, "user.deep", b"kept")
+        finally:
+            os.close(fd)
+        r = subprocess.run([MKZFOLIO, "-q", src, dst], capture_output=True, text=True)
+        check(r.returncode == 1 and names[16] + ": a path in the tree of 4096 bytes or "
+              "more, which zfolio does not serve; packed empty" in r.stderr,
+              "mkzfolio: %d %r" % (r.returncode, r.stderr[-300:]))
+        check("extended attributes" not in r.stderr, "xattrs lost: " + r.stderr[-300:])
+        with Mount(dst, mnt):
+            fd = open_deep(mnt, names[:16])
+            try:
+                check(os.getxattr("/proc/self/fd/%d" % fd, "user.deep") == b"kept",
+                      "the xattr of d15")
+                with open(os.open("leaf", os.O_RDONLY, dir_fd=fd), "rb") as f:
+                    check(f.read() == b"deep\n", "d15/leaf")
+                try:
+                    os.close(os.open(names[16], os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd))
+                    fail("d16 listed")
+                except OSError as e:
+                    check(e.errno == errno.ENAMETOOLONG, "d16: %s" % e)
+            finally:
+                os.close(fd)
 
 
 def test_many():

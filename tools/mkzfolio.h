@@ -135,12 +135,13 @@ void read_all(int fd, void *buf, size_t len, off_t off, const char *path);
 unsigned int files_changed(void);
 /*
  * A file that cannot be read, and is skipped: err ENOENT (gone between its
- * listing and its reading: counted as changed) or EACCES/EPERM (counted as
+ * listing and its reading: counted as changed), EACCES/EPERM, or
+ * ENAMETOOLONG (a directory too deep for the daemon to list: counted as
  * unreadable), said with what was done instead (done).  Any other error
  * dies.
  */
 void skip_unreadable(int err, const char *path, const char *done);
-/* how many files skip_unreadable() skipped for EACCES/EPERM */
+/* how many files skip_unreadable() counted as unreadable */
 unsigned int files_unreadable(void);
 /* the most a packed entry's extended attributes take in the manifest,
  * escaped (Linux allows 64 KiB for a value) */

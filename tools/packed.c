@@ -445,7 +445,7 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 {
 	struct place_in_data d = {false, 0, 0};
 	char *spath = join(spath_dir, name), target[PATH_MAX + 1];
-	char *xattrs;
+	char *xattrs, fdpath[32 + NAME_MAX];
 	uint64_t inum = p->entries + 2, size = 0, nlink;
 	size_t xlen;
 	struct stat st;
@@ -457,7 +457,14 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 		return false;
 	}
 	nlink = st.st_nlink;
-	xattrs = xattrs_field(spath, &xlen);
+	/* a source path too long for the kernel: read through dirfd */
+	if (strlen(spath) >= PATH_MAX) {
+		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d/%s", dirfd,
+			 name);
+		xattrs = xattrs_field(fdpath, &xlen);
+	} else {
+		xattrs = xattrs_field(spath, &xlen);
+	}
 	if (S_ISREG(st.st_mode)) {
 		bool gone = false;
 
@@ -512,10 +519,19 @@ static void walk(struct packed *p, int dirfd, const char *spath,
 		int fd;
 
 		if (isdir[i]) {
+			sub_s = join(spath, names[i]);
+			/* the daemon lists a directory by its path in the
+			 * tree, which must fit a path */
+			if (strlen(mpath) + 1 + strlen(names[i]) >= PATH_MAX) {
+				skip_unreadable(ENAMETOOLONG, sub_s,
+						"packed empty");
+				free(sub_s);
+				free(names[i]);
+				continue;
+			}
 			fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY |
 							     O_NOFOLLOW |
 							     O_CLOEXEC);
-			sub_s = join(spath, names[i]);
 			if (fd < 0) {
 				skip_unreadable(errno, sub_s, "packed empty");
 				free(sub_s);

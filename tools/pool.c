@@ -225,6 +225,10 @@ void skip_unreadable(int err, const char *path, const char *done)
 	} else if (err == EACCES || err == EPERM) {
 		unreadable_files++;
 		warn("%s: %s; %s", path, strerror(err), done);
+	} else if (err == ENAMETOOLONG) {
+		unreadable_files++;
+		warn("%s: a path in the tree of %d bytes or more, which zfolio "
+		     "does not serve; %s", path, PATH_MAX, done);
 	} else {
 		die("%s: %s", path, strerror(err));
 	}
