@@ -552,6 +552,27 @@ static int start_engine(struct dataset *ds, const struct options *opt)
 	return r ? r : readahead_init(&ds->cache, &rc);
 }
 
+/* Whether the dataset's root has an entry named as the control directory,
+ * which the control directory hides. */
+static bool ctl_name_taken(struct dataset *ds, const char *ctl)
+{
+	char zst[NAME_MAX + 8];
+	struct stat st;
+	bool r;
+
+	if (ds->single || !ctl || !*ctl)
+		return false;
+	if (ds->mf) {
+		cache_thread_register(); /* reads through the cache */
+		r = manifest_lookup(ds, FUSE_ROOT_ID, ctl, &st) == 0;
+		cache_thread_unregister();
+		return r;
+	}
+	snprintf(zst, sizeof(zst), "%.*s.zst", NAME_MAX, ctl);
+	return backing_lstat(ds, ctl, &st) == 0 ||
+	       backing_lstat(ds, zst, &st) == 0;
+}
+
 int dataset_open(struct dataset *ds, struct options *opt, char *err,
 		 size_t errlen)
 {
@@ -590,6 +611,8 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	}
 	if (!ds->single) {
 		r = manifest_open(ds, err, errlen);
+		if (r >= 0)
+			ds->ctl_hides = ctl_name_taken(ds, opt->ctl);
 		/* the daemon forks next: no connection of this thread's goes */
 		remote_thread_done();
 		if (r < 0)

@@ -249,6 +249,7 @@ struct dataset {
 	struct znode *root;
 	struct cds_lfht *inodes; /* backing inodes, see inode.c */
 	struct znode *ctl_root;
+	bool ctl_hides;          /* the dataset's root has a ctl= entry */
 	pthread_mutex_t ctl_lock;
 	struct znode *ctl_nodes; /* every control node, by ctl_next */
 	uid_t owner;

@@ -1001,6 +1001,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s: %s\n", progname, err);
 		goto out;
 	}
+	if (d.ds.ctl_hides)
+		fprintf(stderr,
+			"%s: %s has a %s of its own at its root, which the "
+			"control directory hides (-o ctl=NAME names the "
+			"control directory otherwise)\n",
+			progname, d.opt.dataset, d.opt.ctl);
 	if (!mount_session(&d) && !serve(&d))
 		ret = 0;
 out:

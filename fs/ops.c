@@ -389,6 +389,12 @@ static bool reply_entry(struct dir_reply *r, const char *name, mode_t type,
 /* A manifest directory's k-th entry, at offset k + 2 ("." and ".." first). */
 static int reply_mf_entry(void *arg, const struct mf_entry *e, uint64_t k)
 {
+	struct dir_reply *r = arg;
+
+	/* the control directory shadows it, as in a tree */
+	if (r->ino == FUSE_ROOT_ID && r->ds->ctl_root &&
+	    !strcmp(e->name, r->ds->opt->ctl))
+		return 0;
 	return !reply_entry(arg, e->name, e->st.st_mode & S_IFMT,
 			    e->st.st_ino, &e->st, NULL, (off_t)k + 3);
 }

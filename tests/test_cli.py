@@ -3,7 +3,7 @@
 """The tools' command lines: what zfolio, mkzfolio and zfolioctl say, and
 what zfolioctl makes of the path, the mount and the file it is given.
 
-    test_cli.py version | not_mount | groups | writes | stat | inspect |
+    test_cli.py version | not_mount | ctl_name | groups | writes | stat | inspect |
                 frames | index | changing | xattrs
 """
 import errno
@@ -107,6 +107,43 @@ def test_not_mount():
             check(r.returncode == 0 and "memory" in r.stdout, "--ctl .other: " + r.stderr)
             one_line_error(ctl("stat", d + "/mnt", "--ctl", ".other", "--group", "nope"),
                            "a missing group", "no group nope")
+
+
+def test_ctl_name():
+    """A dataset with a .zfolio of its own at its root (packed, and a tree
+    of .zst files): the mount says at once that the control directory
+    hides it; the control directory answers, whatever was asked first (a
+    listing of the root does not show the dataset's); with ctl=NAME both
+    are there."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, mnt = d + "/src", d + "/mnt"
+        os.makedirs(src + "/.zfolio")
+        with open(src + "/.zfolio/notes", "wb") as f:
+            f.write(b"mine\n")
+        with open(src + "/a", "wb") as f:
+            f.write(b"a\n")
+        pack(src, d + "/packed")
+        pack(src, d + "/tree", TREE)
+        for dst in (d + "/packed", d + "/tree"):
+            with Mount(dst, mnt) as m:
+                check(sorted(os.listdir(mnt)) == ["a"], "%s: %r" % (dst, os.listdir(mnt)))
+                check("memory.current" in os.listdir(mnt + "/.zfolio"), dst + ": ctl")
+                check(not os.path.exists(mnt + "/.zfolio/notes"), dst + ": shadowed")
+                check("has a .zfolio of its own at its root, which the control "
+                      "directory hides" in m.output(), dst + ": not said: " + m.output())
+            with Mount(dst, mnt, "ctl=.zf") as m:
+                with open(mnt + "/.zfolio/notes", "rb") as f:
+                    check(f.read() == b"mine\n", dst + ": ctl=.zf")
+                check("memory.current" in os.listdir(mnt + "/.zf"), dst + ": ctl=.zf")
+                check("hides" not in m.output(), dst + ": said with ctl=.zf")
+            # in the background: said on the terminal, before the command returns
+            r = subprocess.run([ZFOLIO, dst, mnt], capture_output=True, text=True, timeout=30)
+            try:
+                check(r.returncode == 0 and "control directory hides" in r.stderr,
+                      "background: %d %r" % (r.returncode, r.stderr))
+            finally:
+                subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
 
 
 def test_groups():
