@@ -338,7 +338,8 @@ struct xattr_call {
 static ssize_t xattr_answer(const char *field, size_t flen,
 			    struct xattr_call *c)
 {
-	const char *pos = field, *end = field + flen;
+	/* none (a root without, a line without the field): empty */
+	const char *pos = field ? field : "", *end = pos + (field ? flen : 0);
 	char name[4 * XATTR_NAME_MAX + 1];
 	struct zmf_xattr x;
 	size_t total = 0;
@@ -459,6 +460,7 @@ void manifest_closedir(struct mf_dir *d)
 struct dir_walk {
 	const struct mf_dir *dir;
 	uint64_t index;   /* the next entry of the manifest to look at */
+	uint64_t end;     /* the manifest's entries: a frame may hold more */
 	uint64_t k;       /* its number in the directory */
 	bool done;        /* met an entry of another directory, or fn said */
 	struct mf_entry *e;
@@ -477,7 +479,8 @@ static int walk_in_frame(const char *p, size_t len, void *arg)
 
 	if (!nth_line(p, len, k, &line, &n))
 		return -EBADMSG;
-	for (; line < end; line += n + 1, w->index++, w->k++) {
+	for (; line < end && w->index < w->end;
+	     line += n + 1, w->index++, w->k++) {
 		if (!nth_line(line, (size_t)(end - line), 0, &line, &n))
 			break;
 		r = parse_parent(line, n, w->e);
@@ -508,7 +511,9 @@ static int walk_in_frame(const char *p, size_t len, void *arg)
 int manifest_readdir(struct dataset *ds, const struct mf_dir *d, uint64_t k,
 		     mf_dirent_fn fn, void *arg)
 {
-	struct dir_walk w = {d, d->first + k, k, false, NULL, fn, arg};
+	struct dir_walk w = {.dir = d, .index = d->first + k,
+			     .end = ds->mf->nentries, .k = k, .fn = fn,
+			     .arg = arg};
 	int r = 0;
 
 	if (w.index < d->first) /* k past any directory */
@@ -802,6 +807,8 @@ unsigned int manifest_neighbours(struct dataset *ds, fuse_ino_t ino,
 	w.data_id = w.e->data_id;
 	w.index = ino - 1; /* the entry after ino's */
 	w.end = w.index + MF_NEIGHBOUR_SCAN;
+	if (w.end > ds->mf->nentries) /* a frame may hold more lines */
+		w.end = ds->mf->nentries;
 	while (!w.done && w.index < ds->mf->nentries &&
 	       !mf_frame(ds, (uint32_t)(w.index / ZMF_FRAME_ENTRIES),
 			 neighbours_in_frame, &w))

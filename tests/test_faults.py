@@ -521,6 +521,20 @@ def test_manifest():
                 check(("manifest.zst: entry " in out and "the manifest is damaged" in out)
                       if field == 9 else "holds an entry that does not parse" in out,
                       what + ": not said: " + out)
+        # a header that counts fewer entries than the frames hold: what is
+        # past its count is not there, not even in a listing
+        def fewer(ls):
+            n = int(ls[-1].split(b"\tentries=")[1].split(b"\t")[0])
+            return ls[:-1] + [ls[-1].replace(b"\tentries=%d\t" % n,
+                                             b"\tentries=%d\t" % (n - 5), 1)]
+        with Mount(served(fewer), mnt):
+            names = sorted(os.listdir(mnt + "/many"))
+            check(names == ["%03d" % i for i in range(295)], "listed past the count: %d %s"
+                  % (len(names), names[-3:]))
+            for n in names:
+                check(read("many/" + n) == files["many/" + n], "many/" + n)
+            expect(lambda: read("many/299"), errno.EIO, "past the count")
+            os.listxattr(mnt)  # a root without any (undefined behaviour once)
         refused = [
             (lambda ls: ls[:-1] + [ls[-1].replace(b"zfolio-manifest", b"zfolio-manifext", 1)],
              "its last frame is not a zfolio-manifest header line"),
