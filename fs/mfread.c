@@ -187,6 +187,11 @@ int parse_entry(const char *line, size_t len, struct mf_entry *e)
 	if (!r)
 		r = unescape_into(&l, ZMF_NAME_F, e->name, sizeof(e->name),
 				  &e->nlen);
+	/* a name no directory holds: none, ".", "..", or with '/' or NUL */
+	if (!r && (!e->nlen || memchr(e->name, '/', e->nlen) ||
+		   memchr(e->name, '\0', e->nlen) ||
+		   !strcmp(e->name, ".") || !strcmp(e->name, "..")))
+		r = -EBADMSG;
 	if (!r)
 		r = unescape_into(&l, ZMF_PARENT, e->parent, sizeof(e->parent),
 				  &e->plen);
