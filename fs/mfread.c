@@ -2,8 +2,9 @@
 /*
  * Reading the manifest: its frames through the cache, its lines, its
  * entries by index, and the binary search by key over the frames' first
- * keys (each read once, when first needed, kept and charged).  What the
- * ops make of it is in manifest.c.
+ * keys (each read once, when first needed, kept and charged); and the
+ * walk over the files packed after a file, for pushes.  What the ops make
+ * of it is in manifest.c.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -450,4 +451,96 @@ int mf_seek(struct dataset *ds, const char *parent, size_t plen,
 		*index = ds->mf->nentries;
 	*exact = c.exact;
 	return 0;
+}
+
+/* --- the files packed after a file, for pushes --- */
+
+/* Entries passed over at most in all, and in a row in other data files
+ * (big files of their own, data shared with another pack's file): past
+ * those, the pack has ended. */
+#define MF_NEIGHBOUR_SCAN 1024
+#define MF_NEIGHBOUR_FOREIGN 32
+
+/* A walk for manifest_neighbours(), a frame at a time. */
+struct neighbour_walk {
+	uint64_t index, end; /* the next entry, and where to give up */
+	struct mf_entry *e;
+	uint64_t data_id, next, hi;
+	struct mf_neighbour *out;
+	unsigned int n, max, foreign;
+	bool done;
+};
+
+/* Entry e, the walk's index-th: on, or done (false). */
+static bool neighbour_step(struct neighbour_walk *w, const struct mf_entry *e)
+{
+	if (!S_ISREG(e->st.st_mode) || !e->has_data ||
+	    e->st.st_ino != w->index + 2)
+		return true;
+	if (e->data_id != w->data_id)
+		return ++w->foreign < MF_NEIGHBOUR_FOREIGN;
+	w->foreign = 0;
+	if (e->data_off < w->next)
+		return true; /* data shared with an earlier file */
+	if (e->data_off + (uint64_t)e->st.st_size > w->hi)
+		return false;
+	w->out[w->n++] = (struct mf_neighbour){e->st.st_ino, e->data_off,
+					       (uint64_t)e->st.st_size};
+	w->next = e->data_off + (uint64_t)e->st.st_size;
+	return w->n < w->max;
+}
+
+static int neighbours_in_frame(const char *p, size_t len, void *arg)
+{
+	struct neighbour_walk *w = arg;
+	unsigned int k = (unsigned int)(w->index % ZMF_FRAME_ENTRIES);
+	const char *line, *end = p + len;
+	size_t n;
+
+	if (!nth_line(p, len, k, &line, &n))
+		return -EBADMSG;
+	for (; line < end && !w->done; line += n + 1, w->index++) {
+		if (!nth_line(line, (size_t)(end - line), 0, &line, &n))
+			break;
+		if (w->index >= w->end || parse_entry(line, n, w->e) ||
+		    !neighbour_step(w, w->e))
+			w->done = true;
+	}
+	return 0;
+}
+
+/*
+ * The files packed after inode ino whose data lies wholly in [lo, hi) of
+ * ino's data file (mkzfolio writes small files in manifest order, each
+ * whole in one frame): up to max of them, in data order, into out.  Their
+ * count; 0 when there is none or ino is no such file.  Entries that are no
+ * file with data of its own in this pack (directories, links, empty files,
+ * later names of a hard link, data shared with an earlier file, big files)
+ * are passed over.  The manifest is read a frame at a time, through the
+ * cache.
+ */
+unsigned int manifest_neighbours(struct dataset *ds, fuse_ino_t ino,
+				 uint64_t lo, uint64_t hi,
+				 struct mf_neighbour *out, unsigned int max)
+{
+	struct neighbour_walk w = {.next = lo, .hi = hi, .out = out,
+				   .max = max};
+
+	if (!max || !manifest_ino(ds, ino) || !(w.e = malloc(sizeof(*w.e))))
+		return 0;
+	if (mf_entry_at(ds, ino - 2, w.e) || !w.e->has_data) {
+		free(w.e);
+		return 0;
+	}
+	w.data_id = w.e->data_id;
+	w.index = ino - 1; /* the entry after ino's */
+	w.end = w.index + MF_NEIGHBOUR_SCAN;
+	if (w.end > ds->mf->nentries) /* a frame may hold more lines */
+		w.end = ds->mf->nentries;
+	while (!w.done && w.index < ds->mf->nentries &&
+	       !mf_frame(ds, (uint32_t)(w.index / ZMF_FRAME_ENTRIES),
+			 neighbours_in_frame, &w))
+		;
+	free(w.e);
+	return w.n;
 }
