@@ -263,16 +263,24 @@ def test_deep():
             os.setxattr("/proc/self/fd/%d" % fd, "user.deep", b"kept")
         finally:
             os.close(fd)
-        r = subprocess.run([MKZFOLIO, "-q", src, dst], capture_output=True, text=True)
+        for layout in ("packed", "tree"):
+            deep_layout(src, dst + layout, mnt, names, layout)
+
+
+def deep_layout(src, dst, mnt, names, layout):
+        r = subprocess.run([MKZFOLIO, "-q", "--layout=" + layout, src, dst],
+                           capture_output=True, text=True)
         check(r.returncode == 1 and names[16] + ": a path in the tree of 4096 bytes or "
               "more, which zfolio does not serve; packed empty" in r.stderr,
-              "mkzfolio: %d %r" % (r.returncode, r.stderr[-300:]))
-        check("extended attributes" not in r.stderr, "xattrs lost: " + r.stderr[-300:])
+              "mkzfolio %s: %d %r" % (layout, r.returncode, r.stderr[-300:]))
+        check(r.stderr.count("\n") == (2 if layout == "packed" else 3),
+              "mkzfolio %s said more: %r" % (layout, r.stderr[-600:]))
         with Mount(dst, mnt):
             fd = open_deep(mnt, names[:16])
             try:
-                check(os.getxattr("/proc/self/fd/%d" % fd, "user.deep") == b"kept",
-                      "the xattr of d15")
+                if layout == "packed":  # the tree layout keeps none
+                    check(os.getxattr("/proc/self/fd/%d" % fd, "user.deep") == b"kept",
+                          "the xattr of d15")
                 with open(os.open("leaf", os.O_RDONLY, dir_fd=fd), "rb") as f:
                     check(f.read() == b"deep\n", "d15/leaf")
                 try:

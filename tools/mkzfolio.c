@@ -339,6 +339,7 @@ static void pack(struct packer *pk, const struct place *src,
 	tree_count(src->fd, src->path,
 		   &(struct count){&pk->total_in, &pk->total_files,
 				   pk->layout == LAYOUT_TREE});
+	pk->dst_len = strlen(dst->path);
 	if (pk->layout == LAYOUT_TREE)
 		tree_pack(pk, src, dst);
 	else
@@ -346,7 +347,7 @@ static void pack(struct packer *pk, const struct place *src,
 	if (pk->njobs)
 		run_batch(pk);
 	if (pk->layout == LAYOUT_TREE)
-		tree_restore_dirs(pk);
+		tree_restore_dirs(pk, dst);
 }
 
 /* DST itself takes SRC's owner (as root), mode and times. */

@@ -92,7 +92,9 @@ struct packer {
 	uint64_t total_in, done_in, bytes_out, total_files, done_files;
 	unsigned long files, dirs, links, others, hardlinks, deduped;
 	struct timespec t0, last_draw;
-	/* tree layout: directories whose times are set last, deepest first */
+	/* tree layout: directories whose times are set last, deepest first,
+	 * by their paths in DST (whose own path is dst_len bytes) */
+	size_t dst_len;
 	char **dirpaths;
 	struct stat *dirstats;
 	size_t ndirs, dircap;
@@ -187,7 +189,7 @@ void packer_free(struct packer *pk);
 /* tree.c */
 void tree_pack(struct packer *pk, const struct place *src,
 	       const struct place *dst);
-void tree_restore_dirs(struct packer *pk);
+void tree_restore_dirs(struct packer *pk, const struct place *dst);
 
 /* packed.c */
 void packed_pack(struct packer *pk, const struct place *src,

@@ -145,6 +145,12 @@ static void pack_file(struct packer *pk, const struct place *src,
 		outfile_seal(pk, of); /* no frames: finished at once */
 }
 
+/* A directory's path in DST, from its path for messages. */
+static const char *in_dst(const struct packer *pk, const char *dpath)
+{
+	return dpath + pk->dst_len + 1;
+}
+
 static void remember_dir(struct packer *pk, const char *path,
 			 const struct stat *st)
 {
@@ -157,10 +163,21 @@ static void remember_dir(struct packer *pk, const char *path,
 		if (!pk->dirpaths || !pk->dirstats)
 			die("out of memory");
 	}
-	pk->dirpaths[pk->ndirs] = strdup(path);
+	pk->dirpaths[pk->ndirs] = strdup(in_dst(pk, path));
 	if (!pk->dirpaths[pk->ndirs])
 		die("out of memory");
 	pk->dirstats[pk->ndirs++] = *st;
+}
+
+/* Owner (as root) and times of a link or node just made in dst. */
+static void keep_node_meta(struct packer *pk, const struct place *dst,
+			   const struct entry *e)
+{
+	if (pk->root && fchownat(dst->fd, e->name, e->st.st_uid, e->st.st_gid,
+				 AT_SYMLINK_NOFOLLOW))
+		warn("%s: chown: %s", e->dpath, strerror(errno));
+	if (set_times(dst->fd, e->name, &e->st, AT_SYMLINK_NOFOLLOW))
+		warn("%s: times: %s", e->dpath, strerror(errno));
 }
 
 /* A directory: made private (0700) while packed, its mode set last. */
@@ -169,8 +186,15 @@ static void pack_dir(struct packer *pk, const struct place *src,
 {
 	struct place s2 = {.path = e->spath}, d2 = {.path = e->dpath};
 
-	s2.fd = openat(src->fd, e->name,
-		       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	/* the daemon opens what a directory holds by its path in DST, which
+	 * must fit a path: deeper, it is packed empty */
+	if (strlen(in_dst(pk, e->dpath)) >= PATH_MAX) {
+		errno = ENAMETOOLONG;
+		s2.fd = -1;
+	} else {
+		s2.fd = openat(src->fd, e->name, O_RDONLY | O_DIRECTORY |
+						       O_NOFOLLOW | O_CLOEXEC);
+	}
 	if (s2.fd < 0) {
 		int err = errno;
 
@@ -182,8 +206,10 @@ static void pack_dir(struct packer *pk, const struct place *src,
 	if (mkdirat(dst->fd, e->name, 0700) && errno != EEXIST)
 		die("%s: %s", e->dpath, strerror(errno));
 	if (s2.fd < 0) { /* one it may not list: empty, as in the packed
-			  * layout */
-		remember_dir(pk, e->dpath, &e->st);
+			  * layout, its owner, mode and times set now */
+		keep_node_meta(pk, dst, e);
+		if (fchmodat(dst->fd, e->name, e->st.st_mode & 07777, 0))
+			warn("%s: chmod: %s", e->dpath, strerror(errno));
 		pk->dirs++;
 		return;
 	}
@@ -196,17 +222,6 @@ static void pack_dir(struct packer *pk, const struct place *src,
 	close(d2.fd);
 	remember_dir(pk, e->dpath, &e->st);
 	pk->dirs++;
-}
-
-/* Owner (as root) and times of a link or node just made in dst. */
-static void keep_node_meta(struct packer *pk, const struct place *dst,
-			   const struct entry *e)
-{
-	if (pk->root && fchownat(dst->fd, e->name, e->st.st_uid, e->st.st_gid,
-				 AT_SYMLINK_NOFOLLOW))
-		warn("%s: chown: %s", e->dpath, strerror(errno));
-	if (set_times(dst->fd, e->name, &e->st, AT_SYMLINK_NOFOLLOW))
-		warn("%s: times: %s", e->dpath, strerror(errno));
 }
 
 /* A symlink: copied as a link, its target never followed. */
@@ -291,7 +306,7 @@ void tree_pack(struct packer *pk, const struct place *src,
 }
 
 /* Packing a directory changed its times: set them last, deepest first. */
-void tree_restore_dirs(struct packer *pk)
+void tree_restore_dirs(struct packer *pk, const struct place *dst)
 {
 	for (int i = 0; i < TREE_LINK_BUCKETS; i++)
 		while (tree_links[i]) {
@@ -305,12 +320,15 @@ void tree_restore_dirs(struct packer *pk)
 		const struct stat *st = &pk->dirstats[pk->ndirs];
 		const char *p = pk->dirpaths[pk->ndirs];
 
-		if (pk->root && lchown(p, st->st_uid, st->st_gid))
-			warn("%s: chown: %s", p, strerror(errno));
-		if (chmod(p, st->st_mode & 07777))
-			warn("%s: chmod: %s", p, strerror(errno));
-		if (set_times(AT_FDCWD, p, st, AT_SYMLINK_NOFOLLOW))
-			warn("%s: times: %s", p, strerror(errno));
+		/* by their paths in DST: its own path may make them too long */
+		if (pk->root && fchownat(dst->fd, p, st->st_uid, st->st_gid,
+					 AT_SYMLINK_NOFOLLOW))
+			warn("%s/%s: chown: %s", dst->path, p, strerror(errno));
+		if (fchmodat(dst->fd, p, st->st_mode & 07777, 0))
+			warn("%s/%s: chmod: %s", dst->path, p, strerror(errno));
+		if (set_times(dst->fd, p, st, AT_SYMLINK_NOFOLLOW))
+			warn("%s/%s: times: %s", dst->path, p,
+			     strerror(errno));
 		free(pk->dirpaths[pk->ndirs]);
 	}
 }
