@@ -58,9 +58,9 @@ int mf_frame(struct dataset *ds, uint32_t frame, mf_frame_fn fn,
 	 * (once per frame) */
 	if (c.ret != -EBADMSG || !mf->keys)
 		return c.ret;
-	zlog_file(ZMF_NAME, "frame %u holds an entry that does not parse: the "
-			    "manifest is damaged, and what needs that entry "
-			    "reads as EIO", frame);
+	zlog_file(ZMF_NAME, "frame %u holds an entry that does not parse, or "
+			    "out of order: the manifest is damaged, and what "
+			    "needs that entry reads as EIO", frame);
 	return -EIO;
 }
 
@@ -398,11 +398,30 @@ static int line_key(const char *line, size_t n, char *kp, size_t *plen,
 	return 0;
 }
 
+/*
+ * Whether the line after the one at p (whose key is kp/kn) keeps the
+ * order: a key edited to a bigger one stops a search before the names it
+ * passes over, which would be said not to be there.  kp2/kn2: room.
+ */
+static bool next_in_order(const char *p, const char *end, const char *kp,
+			  size_t plen, const char *kn, size_t nlen, char *kp2,
+			  char *kn2)
+{
+	const char *line;
+	size_t n, plen2, nlen2;
+
+	if (!nth_line(p, (size_t)(end - p), 1, &line, &n))
+		return true; /* the frame's last */
+	return !line_key(line, n, kp2, &plen2, kn2, &nlen2) &&
+	       zmf_key_cmp(kp, plen, kn, nlen, kp2, plen2, kn2, nlen2) < 0;
+}
+
 static int seek_in_frame(const char *p, size_t len, void *arg)
 {
 	struct seek_call *c = arg;
-	/* escapes at most quadruple: room for the escaped forms' worst */
-	char *kp = malloc(4 * PATH_MAX), *kn = malloc(4 * (NAME_MAX + 1));
+	/* escapes at most quadruple: room for the escaped forms' worst, for
+	 * a line's key and the next's */
+	char *kp = malloc(8 * PATH_MAX), *kn = malloc(8 * (NAME_MAX + 1));
 	const char *line, *end = p + len;
 	size_t n, plen, nlen;
 	int r = kp && kn ? 0 : -ENOMEM;
@@ -417,6 +436,10 @@ static int seek_in_frame(const char *p, size_t len, void *arg)
 		}
 		cmp = zmf_key_cmp(kp, plen, kn, nlen, c->parent, c->plen,
 				  c->name, c->nlen);
+		if (cmp > 0 && !next_in_order(line, end, kp, plen, kn, nlen,
+					      kp + 4 * PATH_MAX,
+					      kn + 4 * (NAME_MAX + 1)))
+			r = -EBADMSG; /* the name may be further on */
 		if (cmp >= 0) {
 			c->exact = cmp == 0;
 			break;

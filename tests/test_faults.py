@@ -531,6 +531,13 @@ def test_manifest():
                 check(("manifest.zst: entry " in out and "the manifest is damaged" in out)
                       if field == 9 else "holds an entry that does not parse" in out,
                       what + ": not said: " + out)
+        # a name edited out of its sorted place: the names a lookup would
+        # pass over in its frame read as EIO, not as missing
+        with Mount(served(set_field("many/001", 1, b"zzz")), mnt) as m:
+            expect(lambda: read("many/002"), errno.EIO, "a name passed over")
+            check(read("many/000") == files["many/000"], "the name before")
+            check(read("many/299") == files["many/299"], "the next frame")
+            check("out of order" in m.output(), "not said: " + m.output())
         # a header that counts fewer entries than the frames hold: what is
         # past its count is not there, not even in a listing
         def fewer(ls):
