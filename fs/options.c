@@ -112,7 +112,9 @@ const struct opt_desc opt_table[] = {
 	{"group_high", OPT_SIZE_MAX, OFF(group_high), "max",
 	 "memory.high of new child groups", NULL, 0, 1ull << 42},
 	{"ctl", OPT_NAME, OFF(ctl), ".zfolio",
-	 "name of the control directory at the mount root", NULL, 0, 0},
+	 "name of the control directory at the mount root (an entry of the "
+	 "dataset's root by that name is hidden by it, and the mount says "
+	 "so)", NULL, 0, 0},
 	{"endpoint", OPT_TEXT, OFF(endpoint), "auto",
 	 "s3:// datasets: the S3 service's URL, path-style (auto: "
 	 "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS itself)",
