@@ -568,9 +568,10 @@ static bool ctl_name_taken(struct dataset *ds, const char *ctl)
 		cache_thread_unregister();
 		return r;
 	}
+	/* NAME.zst shows as NAME only as a regular file */
 	snprintf(zst, sizeof(zst), "%.*s.zst", NAME_MAX, ctl);
 	return backing_lstat(ds, ctl, &st) == 0 ||
-	       backing_lstat(ds, zst, &st) == 0;
+	       (backing_lstat(ds, zst, &st) == 0 && S_ISREG(st.st_mode));
 }
 
 int dataset_open(struct dataset *ds, struct options *opt, char *err,

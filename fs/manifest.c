@@ -392,14 +392,24 @@ static int xattrs_of_line(const char *line, size_t n, void *arg)
 static ssize_t entry_xattrs(struct dataset *ds, fuse_ino_t ino,
 			    struct xattr_call *c)
 {
-	int r;
+	ssize_t r;
 
-	if (ino == FUSE_ROOT_ID)
-		return xattr_answer(ds->mf->root_xattrs, ds->mf->root_xlen, c);
-	if (!manifest_ino(ds, ino)) /* a control file */
+	if (ino == FUSE_ROOT_ID) {
+		r = xattr_answer(ds->mf->root_xattrs, ds->mf->root_xlen, c);
+	} else if (!manifest_ino(ds, ino)) { /* a control file */
 		return c->name ? -ENODATA : 0;
-	r = mf_line_at(ds, ino - 2, xattrs_of_line, c);
-	return r ? r : c->ret;
+	} else {
+		r = mf_line_at(ds, ino - 2, xattrs_of_line, c);
+		if (!r)
+			r = c->ret;
+	}
+	if (r != -EBADMSG)
+		return r;
+	/* a field that does not parse: damaged, as an entry that does not */
+	zlog_file(ZMF_NAME, "the extended attributes of inode %llu do not "
+			    "parse: the manifest is damaged, and they read as "
+			    "EIO", (unsigned long long)ino);
+	return -EIO;
 }
 
 ssize_t manifest_getxattr(struct dataset *ds, fuse_ino_t ino,

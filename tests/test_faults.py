@@ -531,6 +531,15 @@ def test_manifest():
                 check(("manifest.zst: entry " in out and "the manifest is damaged" in out)
                       if field == 9 else "holds an entry that does not parse" in out,
                       what + ": not said: " + out)
+        # extended attributes that do not parse: EIO for them, said; the
+        # file reads
+        if xattrs:
+            with Mount(served(set_field("a", 14, b"garbage")), mnt) as m:
+                expect(lambda: os.getxattr(mnt + "/a", "user.k"), errno.EIO, "xattrs")
+                expect(lambda: os.listxattr(mnt + "/a"), errno.EIO, "xattr list")
+                check(read("a") == files["a"], "a with damaged xattrs")
+                check("extended attributes of inode 2 do not parse" in m.output(),
+                      "not said: " + m.output())
         # a name edited out of its sorted place: the names a lookup would
         # pass over in its frame read as EIO, not as missing
         with Mount(served(set_field("many/001", 1, b"zzz")), mnt) as m:

@@ -252,8 +252,11 @@ def test_deep():
             sub = os.open(n, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = sub
-        with open(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as f:
-            f.write(b"under the limit\n")  # in d16: packed empty
+        # in d16, packed empty: not even looked at (x beside x.zst would
+        # stop the tree layout)
+        for n in ("leaf", "x", "x.zst"):
+            with open(os.open(n, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as f:
+                f.write(b"past the limit\n")
         os.close(fd)
         fd = open_deep(src, names[:16])
         try:

@@ -338,7 +338,8 @@ static void pack(struct packer *pk, const struct place *src,
 	clock_gettime(CLOCK_MONOTONIC, &pk->t0);
 	tree_count(src->fd, src->path,
 		   &(struct count){&pk->total_in, &pk->total_files,
-				   pk->layout == LAYOUT_TREE});
+				   pk->layout == LAYOUT_TREE,
+				   strlen(src->path)});
 	pk->dst_len = strlen(dst->path);
 	if (pk->layout == LAYOUT_TREE)
 		tree_pack(pk, src, dst);

@@ -156,9 +156,10 @@ void note_xattrs(const char *path);
  * (format/manifest.c), malloc'd, *len bytes; NULL with *len 0 if it has
  * none (an SELinux label is the mount's to give, and left out).  Ones that
  * cannot be read, or would take more than XATTRS_MAX, are left out, all
- * of the entry's, and said by say_xattrs().
+ * of the entry's, and said by say_xattrs() as said (the entry's path, when
+ * path is another way to it).
  */
-char *xattrs_field(const char *path, size_t *len);
+char *xattrs_field(const char *path, const char *said, size_t *len);
 void say_xattrs(void);
 int set_times(int dirfd, const char *name, const struct stat *st, int flags);
 struct outfile *outfile_create(int dirfd, const char *name, const char *path,
@@ -179,6 +180,7 @@ char **list_dir(int fd, size_t *n, const char *path);
 struct count {
 	uint64_t *bytes, *files;
 	bool tree;
+	size_t root_len; /* of the top path: the rest is the path in the tree */
 };
 void tree_count(int fd, const char *path, const struct count *c);
 void packer_setup(struct packer *pk, bool quiet);

@@ -461,9 +461,9 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 	if (strlen(spath) >= PATH_MAX) {
 		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d/%s", dirfd,
 			 name);
-		xattrs = xattrs_field(fdpath, &xlen);
+		xattrs = xattrs_field(fdpath, spath, &xlen);
 	} else {
-		xattrs = xattrs_field(spath, &xlen);
+		xattrs = xattrs_field(spath, spath, &xlen);
 	}
 	if (S_ISREG(st.st_mode)) {
 		bool gone = false;
@@ -628,7 +628,7 @@ void packed_pack(struct packer *pk, const struct place *src,
 		run_batch(pk); /* every data file finished before the manifest */
 	/* SRC itself, not a link that names it */
 	root_path = join(src->path, ".");
-	root_xattrs = xattrs_field(root_path, &xlen);
+	root_xattrs = xattrs_field(root_path, root_path, &xlen);
 	free(root_path);
 	manifest_finish(p, sst, dir_nlink(src->fd, "."), root_xattrs, xlen);
 	free(root_xattrs);

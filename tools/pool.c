@@ -326,7 +326,7 @@ static ssize_t get_value(const char *path, const char *name, char **buf,
 	}
 }
 
-char *xattrs_field(const char *path, size_t *len)
+char *xattrs_field(const char *path, const char *said, size_t *len)
 {
 	char *names, *value = NULL, *out = NULL;
 	size_t cap = 0, ocap = 0;
@@ -337,7 +337,7 @@ char *xattrs_field(const char *path, size_t *len)
 	names = list_names(path, &n);
 	if (!names || label_only(names, n)) {
 		if (n < 0)
-			xattrs_not_kept(path);
+			xattrs_not_kept(said);
 		free(names);
 		return NULL;
 	}
@@ -376,7 +376,7 @@ char *xattrs_field(const char *path, size_t *len)
 	free(names);
 	free(value);
 	if (lost) {
-		xattrs_not_kept(path);
+		xattrs_not_kept(said);
 		free(out);
 		*len = 0;
 		return NULL;
@@ -735,11 +735,18 @@ static void entry_count(int dirfd, const char *dir, char **names, size_t n,
 	}
 	if (!S_ISDIR(st.st_mode))
 		return;
+	sub = join(dir, names[i]);
+	/* one too deep for the mount is packed empty: not walked */
+	if (strlen(sub) - c->root_len - 1 >= PATH_MAX) {
+		free(sub);
+		return;
+	}
 	fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
 					     O_CLOEXEC);
-	if (fd < 0)
+	if (fd < 0) {
+		free(sub);
 		return;
-	sub = join(dir, names[i]);
+	}
 	tree_count(fd, sub, c);
 	free(sub);
 	close(fd);
