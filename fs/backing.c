@@ -819,6 +819,19 @@ static void frame_failed(struct zfile *f, uint32_t frame)
 	ktier_drain(f->mapping->cache, FAILED_DRAIN_US);
 }
 
+/*
+ * A read that zfile_range_refused() refuses: what the kernel's page cache
+ * holds of the mount goes before its reader hears of it, as when the frame
+ * failed.  The read that found the frame failing may still be dropping it
+ * (frame_failed() marks the frame first), and this one, refused at once,
+ * would otherwise let its reader's next call find those pages.
+ */
+void zfile_refused(struct zfile *f)
+{
+	ktier_evict_all(f->mapping->cache);
+	ktier_drain(f->mapping->cache, FAILED_DRAIN_US);
+}
+
 bool zfile_range_refused(struct zfile *f, uint64_t pos, uint64_t len)
 {
 	_Atomic uint8_t *bits = atomic_load(&f->failed);

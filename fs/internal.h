@@ -545,6 +545,8 @@ extern const struct mapping_ops zfile_mapping_ops;
 int zfile_build_geometry(struct zfile *f);
 /* Reads of [pos, pos + len) fail: its table lies, or a frame failed */
 bool zfile_range_refused(struct zfile *f, uint64_t pos, uint64_t len);
+/* ... and before such a read is answered: the kernel tier dropped */
+void zfile_refused(struct zfile *f);
 
 /* faults.c: the test hook ZFOLIO_TEST_FAULT */
 void backing_faults_from_env(void);

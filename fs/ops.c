@@ -663,7 +663,7 @@ static void read_tiered(fuse_req_t req, struct dataset *ds,
 	 * its ktier_evict_all() may have come before this fill began, and
 	 * would not drop it; this one drops it at its end */
 	if (zfile_range_refused(h->h.file, h->h.base + (uint64_t)off, size)) {
-		ktier_evict_all(&ds->cache);
+		zfile_refused(h->h.file);
 		fuse_reply_err(req, EIO);
 		return;
 	}
@@ -703,6 +703,7 @@ static void read_data(fuse_req_t req, struct dataset *ds,
 	/* not even what zfolio's cache holds: it may hold bytes filled from
 	 * the wrong place before the table was caught */
 	if (zfile_range_refused(h->h.file, h->h.base + (uint64_t)off, size)) {
+		zfile_refused(h->h.file);
 		fuse_reply_err(req, EIO);
 		return;
 	}
