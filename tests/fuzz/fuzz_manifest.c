@@ -68,6 +68,20 @@ static void write_seekable(const char *path, const char *text, size_t len,
 	free(e);
 }
 
+/* The directory and its files, at exit (libFuzzer's end, or a crash's
+ * exit): nothing of the run stays in /tmp. */
+static void cleanup(void)
+{
+	char path[sizeof(dir) + 32];
+
+	unlink(mf_path);
+	snprintf(path, sizeof(path), "%s/%s/00000000.zst", dir, ZMF_DATA_DIR);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/%s", dir, ZMF_DATA_DIR);
+	rmdir(path);
+	rmdir(dir);
+}
+
 static void setup(void)
 {
 	static char data[DATA_FRAMES * DATA_FRAME];
@@ -88,6 +102,7 @@ static void setup(void)
 	snprintf(path, sizeof(path), "%s/%s/00000000.zst", dir, ZMF_DATA_DIR);
 	write_seekable(path, data, sizeof(data), cuts, DATA_FRAMES);
 	snprintf(mf_path, sizeof(mf_path), "%s/%s", dir, ZMF_NAME);
+	atexit(cleanup);
 	options_defaults(&opt);
 	opt.dataset = strdup(dir);
 	opt.budget = BUDGET;
