@@ -20,6 +20,7 @@
 
 #include "../../cache/internal.h"
 #include "../../fs/internal.h"
+#include "reply.h"
 
 #define BUDGET (4u << 20)
 #define DATA_FRAMES 4
@@ -167,22 +168,6 @@ static void check_ino(struct dataset *ds, fuse_ino_t ino)
 {
 	if (!manifest_ino(ds, ino))
 		abort(); /* a node the kernel would take for another's */
-}
-
-struct reply {
-	size_t bytes;
-	int err;
-};
-
-static int on_reply(void *arg, const struct iovec *iov, int cnt)
-{
-	struct reply *r = arg;
-
-	r->bytes = 0;
-	r->err = iov ? 0 : cnt;
-	for (int i = 0; iov && i < cnt; i++)
-		r->bytes += iov[i].iov_len;
-	return 0;
 }
 
 static void read_file(struct dataset *ds, fuse_ino_t ino)

@@ -15,6 +15,7 @@
 
 #include "../../cache/internal.h"
 #include "../../fs/internal.h"
+#include "reply.h"
 
 size_t __sanitizer_get_current_allocated_bytes(void);
 
@@ -26,22 +27,6 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 static struct dataset ds;
 static struct options opt;
 static struct worker *w;
-
-struct reply {
-	size_t bytes;
-	int err;
-};
-
-static int on_reply(void *arg, const struct iovec *iov, int cnt)
-{
-	struct reply *r = arg;
-
-	r->bytes = 0;
-	r->err = iov ? 0 : cnt;
-	for (int i = 0; iov && i < cnt; i++)
-		r->bytes += iov[i].iov_len;
-	return 0;
-}
 
 static void setup(void)
 {
