@@ -36,9 +36,10 @@ static void sub_finish(struct fill_batch *b)
 }
 
 static int sub_read_into(struct mapping *m, void *c, unsigned long i,
-			 void *buf)
+			 void *buf, struct group *g)
 {
 	(void)c;
+	(void)g;
 	memset(buf, 'z', mapping_folio_len(m, i));
 	return 0;
 }

@@ -132,7 +132,8 @@ struct fill_batch {
  *    bytes); 0 or a negative errno.  Called once per folio, any order.
  *  - finish(): release what submit() took.
  *  - read_into(): fill one folio's content into a plain buffer (the bounce
- *    path: the data is not cached).
+ *    path: the data is not cached), for group g (its backing reads are
+ *    counted there).
  *  - read_part(): bytes [off, off + len) of folio index into buf, when the
  *    filesystem has them without filling the folio (data stored as it is):
  *    0, -EAGAIN (fill the folio as usual), or a negative errno.  Optional.
@@ -144,7 +145,7 @@ struct mapping_ops {
 	int (*fill)(struct fill_batch *b, unsigned int i);
 	void (*finish)(struct fill_batch *b);
 	int (*read_into)(struct mapping *m, void *io_ctx, unsigned long index,
-			 void *buf);
+			 void *buf, struct group *g);
 	int (*read_part)(struct mapping *m, void *io_ctx, unsigned long index,
 			 uint32_t off, uint32_t len, void *buf);
 	void (*release)(struct mapping *m);

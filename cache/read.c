@@ -206,7 +206,8 @@ static int read_bounce(struct read_req *rq, unsigned long index,
 	f->index = index;
 	f->mapping = m;
 	f->data = cache_buf_get(m->cache, f->len);
-	err = f->data ? m->ops->read_into(m, rq->io_ctx, index, f->data)
+	err = f->data ? m->ops->read_into(m, rq->io_ctx, index, f->data,
+					    rq->group)
 		      : -ENOMEM;
 	if (err) {
 		if (err != -ENOMEM)

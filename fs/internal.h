@@ -540,13 +540,43 @@ void remote_log(struct zfile *f, long err);
 /* the store control file: the dataset's address and its counters */
 int remote_describe(char *buf, size_t len);
 
-/* backing.c */
+#ifndef RWF_DONTCACHE
+#define RWF_DONTCACHE 0x00000080 /* Linux 6.14: read, then drop the pages */
+#endif
+
+/* backing.c: a dataset file's mapping operations, its backing reads */
 extern const struct mapping_ops zfile_mapping_ops;
 int zfile_build_geometry(struct zfile *f);
+/* the frame of folio slot i, and whether it is a piece of a big frame */
+uint32_t zfile_slot_frame(const struct zfile *f, unsigned long i);
+bool zfile_slot_split(const struct zfile *f, unsigned long i);
+/* len bytes at off of f's backing file (uncached where it can): the bytes
+ * read (fewer only at its end), or -errno */
+ssize_t backing_pread(struct zfile *f, void *buf, size_t len, uint64_t off);
+/* a ring read that completed, made final (see backing.c) */
+void backing_read_complete(struct zfile *f, struct ring_read *r,
+			   bool *dontcache);
+/* the ring of a worker (io_ctx), or NULL: reads by pread */
+struct ring *worker_ring(void *io_ctx);
+/* buffers (and runs) the kernel may still write: kept, never freed */
+void backing_keep_orphaned(void *buf, void *runs);
+
+/* stream.c: big frames decoded in pieces, and frames that fail */
+/* content of slot (a piece of a big frame) into dst, for g's fill (NULL:
+ * a bounce read, which keeps nothing) */
+int zfile_read_split(struct zfile *f, unsigned long slot, void *dst,
+		     size_t len, struct group *g);
+void zfile_streams_release(struct zfile *f);
+/* r, a frame's fill result, said in the log if the frame is damaged */
+int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r);
 /* Reads of [pos, pos + len) fail: its table lies, or a frame failed */
 bool zfile_range_refused(struct zfile *f, uint64_t pos, uint64_t len);
 /* ... and before such a read is answered: the kernel tier dropped */
 void zfile_refused(struct zfile *f);
+
+/* part.c: a small read of a folio not cached, from its raw bytes alone */
+int zfile_read_part(struct mapping *m, void *io_ctx, unsigned long index,
+		    uint32_t off, uint32_t len, void *buf);
 
 /* faults.c: the test hook ZFOLIO_TEST_FAULT */
 void backing_faults_from_env(void);

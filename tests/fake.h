@@ -67,10 +67,11 @@ static inline void fake_finish(struct fill_batch *b)
 	(void)b;
 }
 
-static inline int fake_read_into(struct mapping *m, void *ctx, unsigned long index,
-			  void *buf)
+static inline int fake_read_into(struct mapping *m, void *ctx,
+				 unsigned long index, void *buf, struct group *g)
 {
 	(void)ctx;
+	(void)g;
 	if ((long)index == fake_bad_index)
 		return -EBADMSG;
 	fill_pattern(m, index, buf);
