@@ -19,8 +19,17 @@
 
 enum handle_kind { H_FILE, H_DIR, H_CTL };
 
-/* FUSE_READ_LOCKOWNER: a read() on a direct_io file carries it */
-#define READ_LOCKOWNER (1u << 1)
+/*
+ * Whether a read is for a reader (direct I/O: a read() of a direct_io file,
+ * or of any file opened O_DIRECT), not a fill of the kernel's page cache
+ * (readahead, a fault).  The kernel sends direct I/O with the reader's lock
+ * owner (FUSE_READ_LOCKOWNER, which libfuse hands on as fi->lock_owner), a
+ * page-cache fill with none.
+ */
+static bool read_for_reader(const struct fuse_file_info *fi)
+{
+	return fi->lock_owner != 0;
+}
 
 /*
  * Every handle starts with its kind and a link on the dataset's list of
@@ -635,7 +644,8 @@ static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
 }
 
 /*
- * cache=kernel: every read is a page-cache fill for the kernel tier, sized
+ * cache=kernel: every read is a page-cache fill for the kernel tier (but
+ * direct I/O, which read_data() serves from zfolio's cache), sized
  * by the kernel's own readahead (kernel_ra_kb): zfolio reads just what it
  * asks for, with no second readahead on top.  But the small files of a
  * pack read without opens (kernel_opens) share their pack's readahead,
@@ -708,14 +718,14 @@ static void read_data(fuse_req_t req, struct dataset *ds,
 		return;
 	}
 	g = group_for_request(&ds->cache.budget, ctx->uid, ctx->pid);
-	if (ds->opt->cache == CACHE_KERNEL) {
+	/* an O_DIRECT read puts nothing in the page cache: not a fill */
+	if (ds->opt->cache == CACHE_KERNEL && !read_for_reader(fi)) {
 		read_tiered(req, ds, h, g, w, ino, size, off);
 		return;
 	}
-	/* a page-cache fill (mmap fault) has neither flag nor lock owner */
+	/* in engine mode a page-cache fill is an mmap fault */
 	ra_request_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
-			h->h.base + (uint64_t)off, size,
-			!(fi->flags & READ_LOCKOWNER) && !fi->lock_owner);
+			h->h.base + (uint64_t)off, size, !read_for_reader(fi));
 	w->rq.rq.fill = w->rq.rq.fault;
 	cache_read(&w->rq.rq, reply_iov, req);
 }

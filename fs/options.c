@@ -46,7 +46,8 @@ const struct opt_desc opt_table[] = {
 	 "engine: zfolio's cache is the only cache of file data (direct_io); "
 	 "kernel: the kernel page cache sits in front and serves hits without "
 	 "a round trip, and zfolio counts what it hands over in the budget "
-	 "and drops it from the page cache to stay under it",
+	 "and drops it from the page cache to stay under it (O_DIRECT reads "
+	 "bypass the page cache and are served from zfolio's)",
 	 cache_modes, 0, 0},
 	{"ra_kb", OPT_UINT, OFF(ra_kb), "auto",
 	 "largest readahead window in KiB, a multiple of 4 (btrfs uses "

@@ -5,7 +5,7 @@ front, inside the budget.  What the mount holds is measured from outside:
 zfolio's folios (memory.stat "file") plus the page-cache pages of every
 file (fincore).
 
-    test_ktier.py budget | window | limits | refaults | handover
+    test_ktier.py budget | window | limits | refaults | handover | direct
 """
 import mmap
 import os
@@ -346,6 +346,67 @@ def test_handover():
             print("2000 random reads: %d reached the daemon" % (st["pgfault"] - served))
             check(st["pgfault"] - served <= 20,
                   "%d random reads reached the daemon" % (st["pgfault"] - served))
+
+
+def read_direct(path, data, chunk):
+    """The whole file by O_DIRECT preads of chunk bytes into an aligned
+    buffer: every byte compared."""
+    buf = mmap.mmap(-1, chunk)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        off = 0
+        while off < len(data):
+            n = os.preadv(fd, [buf], off)
+            check(n > 0 and buf[:n] == data[off:off + n],
+                  "%s: O_DIRECT read differs at %d" % (path, off))
+            off += n
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def test_direct():
+    """O_DIRECT reads put nothing in the page cache, so they are not fills
+    of the kernel tier: served from zfolio's cache, charged there, never
+    counted as kernel-tier pages (which would starve zfolio's cache of a
+    budget held by pages that do not exist).  A plain file of the zstd CLI
+    (one frame, decoded in pieces) read so twice keeps its pieces, and its
+    decoder does not start over at every read."""
+    require_root_fuse()
+    with tmpdir() as d:
+        dst, files = make_dataset(d, nfiles=1, size=16 * MIB)
+        with Mount(dst, d + "/mnt", "cache=kernel,budget=32M") as m:
+            read_direct(os.path.join(m.mnt, "f0"), files["f0"], 64 << 10)
+            st = m.stat()
+            res = resident(m.mnt, ["f0"])
+            print("packed, O_DIRECT: folios %.1f MiB, kernel tier %.1f MiB, "
+                  "%d fills, page cache %d bytes" % (
+                      st["file"] / MIB, st["kernel_file"] / MIB,
+                      st["kernel_fills"], res))
+            check(st["kernel_fills"] == 0 and st["kernel_file"] == 0,
+                  "O_DIRECT reads counted as page-cache fills: %d fills, "
+                  "%d bytes" % (st["kernel_fills"], st["kernel_file"]))
+            check(st["file"] > 0 and res == 0,
+                  "folios %d bytes, page cache %d" % (st["file"], res))
+            # a read() afterwards is a fill again
+            with open(os.path.join(m.mnt, "f0"), "rb") as f:
+                check(f.read() == files["f0"], "read() after O_DIRECT")
+            check(m.stat()["kernel_fills"] > 0, "read() not a fill")
+        os.makedirs(d + "/cli")
+        with open(d + "/plain", "wb") as f:
+            f.write(files["f0"])
+        subprocess.run(["zstd", "-q", "-1", d + "/plain", "-o",
+                        d + "/cli/f.zst"], check=True)
+        with Mount(d + "/cli", d + "/mnt", "cache=kernel,budget=32M") as m:
+            for _ in range(2):
+                read_direct(os.path.join(m.mnt, "f"), files["f0"], 16 << 10)
+            st = m.stat()
+            print("one frame, O_DIRECT twice: %d fills, %d decoder restarts, "
+                  "%.0f MiB decoded" % (st["kernel_fills"], st["decoder_restarts"],
+                                        st["decompressed_bytes"] / MIB))
+            check(st["kernel_fills"] == 0, "O_DIRECT reads counted as fills")
+            check(st["decoder_restarts"] <= 4,
+                  "%d decoder restarts for two passes" % st["decoder_restarts"])
 
 
 if __name__ == "__main__":
