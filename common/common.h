@@ -156,7 +156,9 @@ void text_json_string(struct text *t, const char *s);
 	X(BACKING_BYTES, "backing_bytes", event, "bytes read from backing")    \
 	X(BACKING_DIRECT, "backing_direct_bytes", event,                       \
 	  "of those, frames and plain folios read with O_DIRECT")              \
-	X(DECOMP_BYTES, "decompressed_bytes", event, "bytes decompressed")     \
+	X(DECOMP_BYTES, "decompressed_bytes", event,                           \
+	  "bytes decoded into folios and uncached copies (not counting "       \
+	  "decoder_skipped_bytes)")                                            \
 	X(CACHE_HITS, "cache_hits", event, "folio lookups that hit")           \
 	X(CACHE_MISSES, "cache_misses", event, "folio lookups that missed")    \
 	X(LOCKLESS_READS, "lockless_reads", event,                             \
