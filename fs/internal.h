@@ -88,6 +88,11 @@ void options_defaults(struct options *o);
 unsigned int options_kernel_ra_kb(const struct options *o);
 unsigned int options_ra_kb(const struct options *o);
 void options_usage(FILE *out, const char *progname);
+/* fuse_session_new(), saying an unknown option as zfolio's (progname) */
+struct fuse_session *options_session_new(struct fuse_args *args,
+					 const struct fuse_lowlevel_ops *ops,
+					 size_t size, void *user,
+					 const char *progname);
 
 enum znode_kind {
 	ZN_DIR,

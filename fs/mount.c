@@ -710,8 +710,8 @@ static void add_fsname(struct fuse_args *args, const char *dataset)
 static int mount_session(struct daemon *d)
 {
 	add_fsname(&d->args, d->opt.dataset);
-	d->se = fuse_session_new(&d->args, &zfolio_ops, sizeof(zfolio_ops),
-				 &d->ds);
+	d->se = options_session_new(&d->args, &zfolio_ops, sizeof(zfolio_ops),
+				    &d->ds, progname);
 	if (!d->se)
 		return -1;
 	d->ds.se = d->se;

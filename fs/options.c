@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -403,4 +405,53 @@ void options_usage(FILE *out, const char *progname)
 		"  -V, --version      print the version and exit\n\n"
 		"Unmount with: fusermount3 -u MOUNTPOINT\n"
 		"fstab: DATASET MOUNTPOINT fuse.zfolio budget=512M 0 0\n");
+}
+
+/* libfuse's complaint about options it does not know either */
+#define FUSE_UNKNOWN "fuse: unknown option(s): "
+
+/*
+ * The FUSE session, as fuse_session_new() makes it, but with what it says
+ * of an option that neither zfolio nor libfuse knows said as zfolio's and
+ * pointing to --help: libfuse's own line names no program.  Its other
+ * lines pass as they are.
+ */
+struct fuse_session *options_session_new(struct fuse_args *args,
+					 const struct fuse_lowlevel_ops *ops,
+					 size_t size, void *user,
+					 const char *progname)
+{
+	int saved = dup(STDERR_FILENO), mfd = memfd_create("fuse-stderr", 0);
+	struct fuse_session *se;
+	char text[4096], *line, *next;
+	ssize_t n;
+
+	if (saved < 0 || mfd < 0 || dup2(mfd, STDERR_FILENO) < 0) {
+		if (saved >= 0)
+			close(saved);
+		if (mfd >= 0)
+			close(mfd);
+		return fuse_session_new(args, ops, size, user);
+	}
+	se = fuse_session_new(args, ops, size, user);
+	fflush(stderr);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	n = pread(mfd, text, sizeof(text) - 1, 0);
+	close(mfd);
+	text[n > 0 ? n : 0] = '\0';
+	for (line = text; *line; line = next) {
+		next = strchrnul(line, '\n');
+		if (*next)
+			*next++ = '\0';
+		if (!strncmp(line, FUSE_UNKNOWN, strlen(FUSE_UNKNOWN)))
+			fprintf(stderr,
+				"%s: unknown option %s (%s --help lists "
+				"them)\n",
+				progname, line + strlen(FUSE_UNKNOWN),
+				progname);
+		else
+			fprintf(stderr, "%s\n", line);
+	}
+	return se;
 }

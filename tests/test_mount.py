@@ -186,6 +186,11 @@ def test_errors():
         one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "ctl=a/b"]), "bad ctl",
                        "(a file name: not empty, no '/', not . or ..)")
         one_line_error(run_cli([d + "/ds"]), "no mountpoint", "MOUNTPOINT")
+        # an option neither zfolio nor libfuse knows: said as zfolio's
+        line = one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "budgit=8M"]),
+                              "unknown option", "unknown option `-o budgit=8M'")
+        check(line.startswith("zfolio: ") and "--help" in line,
+              "unknown option: %r" % line)
         # high at or over the budget: mounts, and says it never applies
         with Mount(d + "/ds", d + "/mnt", "budget=8M,high=16M") as m:
             check("high=16384 KiB is not below budget=8192 KiB" in m.output(),
