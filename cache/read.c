@@ -206,9 +206,14 @@ static int read_bounce(struct read_req *rq, unsigned long index,
 	f->index = index;
 	f->mapping = m;
 	f->data = cache_buf_get(m->cache, f->len);
-	err = f->data ? m->ops->read_into(m, rq->io_ctx, index, f->data,
-					    rq->group)
-		      : -ENOMEM;
+	err = -ENOMEM;
+	if (f->data) {
+		bool offline = long_wait_begin(); /* backing I/O, a decode */
+
+		err = m->ops->read_into(m, rq->io_ctx, index, f->data,
+					rq->group);
+		long_wait_end(offline);
+	}
 	if (err) {
 		if (err != -ENOMEM)
 			stat_inc(rq->group, err == -EBADMSG

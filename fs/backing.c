@@ -735,11 +735,11 @@ static int frame_read(struct zfile *f, const struct zseek_frame *fr,
 	r.dst = *buf + (direct ? -(uintptr_t)*buf & (DIO_ALIGN - 1) : 0);
 	*src = r.dst + lead;
 	if (direct) {
+		/* counted when asked, as a batch's runs are */
+		stat_mod(g, STAT_BACKING_DIRECT, (long)fr->c_size);
 		n = pread(f->dfd, r.dst, r.len, (off_t)r.off);
 		r.res = n < 0 ? -errno : (int)fault_apply(n, r.len);
 		r.res = (int)fault_direct(r.res);
-		if (r.res != -EINVAL) /* counted as the batches' are */
-			stat_mod(g, STAT_BACKING_DIRECT, (long)fr->c_size);
 		direct_complete(f, &r, lead + fr->c_size);
 	} else {
 		n = backing_pread(f, r.dst, r.len, r.off);

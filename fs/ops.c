@@ -723,9 +723,15 @@ static void read_data(fuse_req_t req, struct dataset *ds,
 		read_tiered(req, ds, h, g, w, ino, size, off);
 		return;
 	}
-	/* in engine mode a page-cache fill is an mmap fault */
-	ra_request_init(&w->rq, h->h.file->mapping, &h->h.ra, g, w,
-			h->h.base + (uint64_t)off, size, !read_for_reader(fi));
+	/* in engine mode a page-cache fill is an mmap fault; a file the
+	 * kernel opened itself (no handle: its h is made for this read, and
+	 * its ra never set up) reads ahead with its pack, or not at all (as
+	 * O_DIRECT reads do on the kernel's filesystems) */
+	ra_request_init(&w->rq, h->h.file->mapping,
+			h->h.pack_ra ? h->h.pack_ra
+				     : fi->fh ? &h->h.ra : NULL,
+			g, w, h->h.base + (uint64_t)off, size,
+			!read_for_reader(fi));
 	w->rq.rq.fill = w->rq.rq.fault;
 	cache_read(&w->rq.rq, reply_iov, req);
 }

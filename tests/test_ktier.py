@@ -375,23 +375,26 @@ def test_direct():
     require_root_fuse()
     with tmpdir() as d:
         dst, files = make_dataset(d, nfiles=1, size=16 * MIB)
-        with Mount(dst, d + "/mnt", "cache=kernel,budget=32M") as m:
-            read_direct(os.path.join(m.mnt, "f0"), files["f0"], 64 << 10)
-            st = m.stat()
-            res = resident(m.mnt, ["f0"])
-            print("packed, O_DIRECT: folios %.1f MiB, kernel tier %.1f MiB, "
-                  "%d fills, page cache %d bytes" % (
-                      st["file"] / MIB, st["kernel_file"] / MIB,
-                      st["kernel_fills"], res))
-            check(st["kernel_fills"] == 0 and st["kernel_file"] == 0,
-                  "O_DIRECT reads counted as page-cache fills: %d fills, "
-                  "%d bytes" % (st["kernel_fills"], st["kernel_file"]))
-            check(st["file"] > 0 and res == 0,
-                  "folios %d bytes, page cache %d" % (st["file"], res))
-            # a read() afterwards is a fill again
-            with open(os.path.join(m.mnt, "f0"), "rb") as f:
-                check(f.read() == files["f0"], "read() after O_DIRECT")
-            check(m.stat()["kernel_fills"] > 0, "read() not a fill")
+        # with ro the kernel opens files itself (kernel_opens), and a read
+        # comes with no handle
+        for ro in ("", ",ro"):
+            with Mount(dst, d + "/mnt", "cache=kernel,budget=32M" + ro) as m:
+                read_direct(os.path.join(m.mnt, "f0"), files["f0"], 64 << 10)
+                st = m.stat()
+                res = resident(m.mnt, ["f0"])
+                print("packed%s, O_DIRECT: folios %.1f MiB, kernel tier %.1f MiB, "
+                      "%d fills, page cache %d bytes" % (ro,
+                          st["file"] / MIB, st["kernel_file"] / MIB,
+                          st["kernel_fills"], res))
+                check(st["kernel_fills"] == 0 and st["kernel_file"] == 0,
+                      "O_DIRECT reads counted as page-cache fills: %d fills, "
+                      "%d bytes" % (st["kernel_fills"], st["kernel_file"]))
+                check(st["file"] > 0 and res == 0,
+                      "folios %d bytes, page cache %d" % (st["file"], res))
+                # a read() afterwards is a fill again
+                with open(os.path.join(m.mnt, "f0"), "rb") as f:
+                    check(f.read() == files["f0"], "read() after O_DIRECT")
+                check(m.stat()["kernel_fills"] > 0, "read() not a fill")
         os.makedirs(d + "/cli")
         with open(d + "/plain", "wb") as f:
             f.write(files["f0"])
