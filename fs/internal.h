@@ -3,8 +3,9 @@
  * fs internals: shared by the files of the zfolio daemon only.
  *
  * The daemon's pieces: options (mount.c), the dataset and its inodes
- * (dataset.c), backing reads and decoding (backing.c), the FUSE ops
- * (ops.c), and the control directory (ctl.c).
+ * (dataset.c), backing reads and decoding (backing.c; big frames in
+ * stream.c, part reads in part.c), the FUSE ops (ops.c; on files,
+ * fileops.c), and the control directory (ctl.c).
  */
 #ifndef ZF_FS_INTERNAL_H
 #define ZF_FS_INTERNAL_H
