@@ -552,6 +552,7 @@ int remote_describe(char *buf, size_t len);
 
 /* backing.c: a dataset file's mapping operations, its backing reads */
 extern const struct mapping_ops zfile_mapping_ops;
+/* geometry.c: f's folios laid over its frames (0 or -ENOMEM) */
 int zfile_build_geometry(struct zfile *f);
 /* the frame of folio slot i, and whether it is a piece of a big frame */
 uint32_t zfile_slot_frame(const struct zfile *f, unsigned long i);
