@@ -52,9 +52,56 @@ struct store_client {
 	char err[STORE_ERR_LEN];
 };
 
+/*
+ * The fetcher, in two files: fetch.c (its thread, queue and streams) and
+ * request.c (reads of their own: one ranged GET each, and its retries).
+ * Everything below is the fetcher thread's alone but the queue and stop.
+ */
+
+/* An error body kept for its <Code>: the start of it */
+#define ERR_BODY 512
+
+/* r->err of a read whose object changed (ESTALE) */
+#define CHANGED "changed in the store since it was opened"
+
+/* What a transfer's CURLOPT_PRIVATE points to starts with: which it is. */
+enum xfer_kind { XFER_READ, XFER_STREAM };
+
+struct fetcher {
+	struct store *s;
+	struct store_client *c; /* its multi and easy handles */
+	pthread_t thread;
+	pthread_mutex_t lock;
+	struct store_read *queue, *queue_tail; /* started, not taken: lock */
+	bool stop;                             /* under lock */
+	struct store_read *reads; /* sent alone, or waiting to be sent again */
+	struct stream *streams;
+	unsigned int nstreams;
+};
+
+/* The transfer of a read of its own (request.c's). */
+struct xfer;
+
 /* fetch.c */
 void fetcher_stop(struct store *s);
 void fetcher_forget(struct store_obj *o);
+void set_err(struct store_read *r, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* r is done: after this the waiter owns it (and may free it at once). */
+void complete(struct fetcher *F, struct store_read *r, int res);
+/* r off a list of reads (F->reads) */
+void list_del(struct store_read **list, struct store_read *r);
+/* o is another object now: flagged for its next open, and counted */
+void mark_changed(struct fetcher *F, struct store_obj *o);
+
+/* request.c: a response's checks */
+bool same_object(CURL *h, const struct store_obj *o);
+bool range_ok(CURL *h, long status, uint64_t start, uint64_t whole);
+/* request.c: reads of their own */
+int attempt_send(struct fetcher *F, struct store_read *r);
+void read_send(struct fetcher *F, struct store_read *r);
+void read_end(struct fetcher *F, struct xfer *x, CURLcode cc);
+void complete_cancelled(struct fetcher *F, struct store_read *r);
 
 /* client.c: c's multi handle, made if need be: 0 or -ENOMEM */
 int store_client_transfers(struct store_client *c);
