@@ -170,6 +170,7 @@ struct zseek_buffered {
 };
 ssize_t zseek_read_buffered(void *ctx, void *buf, size_t len, uint64_t off);
 
+/* frame.c: one frame at a time */
 /* Decode one whole frame into dst (exactly d_size bytes) and verify it. */
 /*
  * Raw frames: content stored as it is, in raw blocks (what zstd writes for
@@ -197,7 +198,7 @@ bool zseek_raw_block_ok(const uint8_t hdr[ZSEEK_BLOCK_HEADER],
 int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst);
 
-/* Writing: one frame per chunk, then the table. */
+/* Writing: one frame per chunk (frame.c), then the table (zseek.c). */
 struct zseek_writer_entry {
 	uint32_t c_size, d_size, checksum;
 };

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * The zstd seekable format: reading, writing, and indexing foreign files.
+ * The zstd seekable format: its seek table (read and written), indexes of
+ * seekable and foreign files, and the read callbacks the parsers use.  One
+ * frame at a time (raw frames, decoding, compressing, streaming) is
+ * frame.c's.
  *
  * A seekable file is independent zstd frames, then one skippable frame that
  * holds the seek table: one entry per frame (compressed size, content size,
@@ -24,9 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
 
-#include "format.h"
+#include "zseek_internal.h"
 
 static inline uint32_t le32(const uint8_t *p)
 {
@@ -55,17 +57,6 @@ static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
 		va_end(ap);
 	}
 	return code;
-}
-
-/* Read exactly len bytes at off, or fail. */
-static int read_exact(zseek_read_fn rd, void *ctx, void *buf, size_t len,
-		      uint64_t off)
-{
-	ssize_t n = rd(ctx, buf, len, off);
-
-	if (n < 0)
-		return (int)n;
-	return (size_t)n == len ? 0 : -EBADMSG;
 }
 
 /*
@@ -611,74 +602,6 @@ uint32_t zseek_find_frame(const struct zseek_index *idx, uint64_t pos)
 	return lo;
 }
 
-bool zseek_raw_block_ok(const uint8_t hdr[ZSEEK_BLOCK_HEADER],
-			const struct zseek_frame *fr, uint64_t k)
-{
-	uint32_t h = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 |
-		     (uint32_t)hdr[2] << 16;
-	uint64_t nblocks = (fr->d_size + ZSEEK_BLOCK - 1) / ZSEEK_BLOCK;
-	uint64_t size = k + 1 < nblocks ? ZSEEK_BLOCK
-					: fr->d_size - k * ZSEEK_BLOCK;
-
-	/* bit 0: last block; bits 1-2: type, 0 is raw; then the size */
-	return k < nblocks && (h & 1) == (k + 1 == nblocks) &&
-	       ((h >> 1) & 3) == 0 && (h >> 3) == size;
-}
-
-uint64_t zseek_raw_block_pos(unsigned int data_off, uint64_t k)
-{
-	return data_off - ZSEEK_BLOCK_HEADER +
-	       k * (ZSEEK_BLOCK_HEADER + (uint64_t)ZSEEK_BLOCK);
-}
-
-int zseek_raw_frame(const void *probe, size_t n, const struct zseek_frame *fr,
-		    unsigned int *data_off)
-{
-	ZSTD_frameHeader fh;
-	size_t hsize = ZSTD_frameHeaderSize(probe, n);
-	uint64_t nblocks = (fr->d_size + ZSEEK_BLOCK - 1) / ZSEEK_BLOCK;
-
-	if (ZSTD_isError(hsize) || hsize + ZSEEK_BLOCK_HEADER > n ||
-	    ZSTD_getFrameHeader(&fh, probe, n) || fh.frameType != ZSTD_frame ||
-	    fh.frameContentSize != fr->d_size || !nblocks)
-		return 0;
-	/* nothing but headers and the content itself */
-	if (hsize + nblocks * ZSEEK_BLOCK_HEADER + fr->d_size +
-		    (fh.checksumFlag ? 4 : 0) !=
-	    fr->c_size)
-		return 0;
-	if (!zseek_raw_block_ok((const uint8_t *)probe + hsize, fr, 0))
-		return 0;
-	*data_off = (unsigned int)(hsize + ZSEEK_BLOCK_HEADER);
-	return 1;
-}
-
-int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
-		       bool check, const void *src, void *dst)
-{
-	unsigned long long fcs = ZSTD_getFrameContentSize(src, fr->c_size);
-	size_t r;
-
-	/*
-	 * An entry that is one frame whose header says its size, and the
-	 * table another: the table lies, and every offset it gives past this
-	 * frame is wrong too.  (An entry may also be a skippable frame and a
-	 * frame, or several frames: those are judged by what they decode to.)
-	 */
-	if (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != ZSTD_CONTENTSIZE_ERROR &&
-	    fcs != fr->d_size && !ZSTD_isSkippableFrame(src, fr->c_size) &&
-	    ZSTD_findFrameCompressedSize(src, fr->c_size) == fr->c_size)
-		return -EUCLEAN;
-	r = ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
-	if (ZSTD_isError(r))
-		return -EBADMSG;
-	if (r != fr->d_size) /* whole, and shorter than the table says */
-		return -EUCLEAN;
-	if (check && (uint32_t)XXH64(dst, fr->d_size, 0) != fr->checksum)
-		return -EBADMSG;
-	return 0;
-}
-
 size_t zseek_table_size(uint32_t nframes)
 {
 	return 8 + (size_t)nframes * 12 + ZSEEK_FOOTER_SIZE;
@@ -704,180 +627,6 @@ size_t zseek_write_table(const struct zseek_writer_entry *e, uint32_t n,
 	p[4] = 0x80; /* Checksum_Flag */
 	put_le32(p + 5, ZSEEK_FOOTER_MAGIC);
 	return need;
-}
-
-size_t zseek_compress_frame(ZSTD_CCtx *cctx, int level, const void *src,
-			    size_t len, void *dst, size_t cap,
-			    uint32_t *checksum)
-{
-	size_t r;
-
-	ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
-	ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
-	ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
-	ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 0);
-	r = ZSTD_compress2(cctx, dst, cap, src, len);
-	*checksum = (uint32_t)XXH64(src, len, 0);
-	return r;
-}
-
-int zseek_stream_init(struct zseek_stream *s)
-{
-	memset(s, 0, sizeof(*s));
-	s->ds = ZSTD_createDStream();
-	s->in_cap = ZSTD_DStreamInSize();
-	s->inbuf = malloc(s->in_cap);
-	s->scratch = malloc(ZSTD_BLOCKSIZE_MAX);
-	s->frame = UINT32_MAX;
-	if (!s->ds || !s->inbuf || !s->scratch) {
-		zseek_stream_free(s);
-		return -ENOMEM;
-	}
-	/* what the zstd CLI decodes, and no more: walk_frame refuses larger */
-	ZSTD_DCtx_setParameter(s->ds, ZSTD_d_windowLogMax,
-			       ZSEEK_MAX_WINDOW_LOG);
-	return 0;
-}
-
-void zseek_stream_free(struct zseek_stream *s)
-{
-	ZSTD_freeDStream(s->ds);
-	free(s->inbuf);
-	free(s->scratch);
-	memset(s, 0, sizeof(*s));
-	s->frame = UINT32_MAX;
-}
-
-static void stream_reset(struct zseek_stream *s, const struct zseek_frame *fr,
-			 uint32_t frame)
-{
-	ZSTD_DCtx_reset(s->ds, ZSTD_reset_session_only);
-	s->frame = frame;
-	s->in_off = fr->c_off;
-	s->out_pos = 0;
-	s->in_pos = s->in_len = 0;
-}
-
-/*
- * Produce the frame's content into dst (len bytes, or discarding when dst
- * is NULL, until the frame ends).  Returns bytes produced or -errno.
- */
-static int64_t stream_pump(struct zseek_stream *s, zseek_read_fn rd,
-			   void *ctx, const struct zseek_frame *fr, void *dst,
-			   size_t len)
-{
-	uint64_t produced = 0, end = fr->c_off + fr->c_size;
-
-	while (dst ? produced < len : true) {
-		ZSTD_inBuffer in;
-		ZSTD_outBuffer out;
-		size_t r;
-
-		if (s->in_pos == s->in_len) {
-			size_t n = end - s->in_off < s->in_cap
-					   ? (size_t)(end - s->in_off)
-					   : s->in_cap;
-			ssize_t got;
-
-			if (n == 0)
-				return dst ? -EBADMSG : (int64_t)produced;
-			got = rd(ctx, s->inbuf, n, s->in_off);
-			if (got < 0)
-				return got;
-			if ((size_t)got != n)
-				return -EBADMSG;
-			s->in_off += n;
-			s->in_pos = 0;
-			s->in_len = n;
-		}
-		in = (ZSTD_inBuffer){s->inbuf, s->in_len, s->in_pos};
-		if (dst)
-			out = (ZSTD_outBuffer){(char *)dst + produced,
-					       len - produced, 0};
-		else
-			out = (ZSTD_outBuffer){s->scratch, ZSTD_BLOCKSIZE_MAX,
-					       0};
-		r = ZSTD_decompressStream(s->ds, &out, &in);
-		if (ZSTD_isError(r))
-			return -EBADMSG;
-		s->in_pos = in.pos;
-		s->out_pos += out.pos;
-		produced += out.pos;
-		if (produced > ZSEEK_MAX_CONTENT)
-			return -EFBIG;
-		if (r == 0) { /* the frame is complete */
-			if (dst && produced < len)
-				return -EBADMSG;
-			if (!dst)
-				return (int64_t)produced;
-		}
-	}
-	return (int64_t)produced;
-}
-
-/*
- * The memory a stream needs to decode frame fr: its window (or, if
- * smaller, its content) and one block, read from the frame's header.  0
- * and -EBADMSG if the header cannot be read or wants too large a window.
- */
-int zseek_stream_need(zseek_read_fn rd, void *ctx,
-		      const struct zseek_frame *fr, uint64_t *bytes)
-{
-	uint8_t hdr[ZSTD_FRAMEHEADERSIZE_MAX];
-	size_t n = fr->c_size < sizeof(hdr) ? (size_t)fr->c_size : sizeof(hdr);
-	ZSTD_frameHeader fh;
-
-	if (read_exact(rd, ctx, hdr, n, fr->c_off) ||
-	    ZSTD_getFrameHeader(&fh, hdr, n) ||
-	    fh.windowSize > (1ull << ZSEEK_MAX_WINDOW_LOG))
-		return -EBADMSG;
-	*bytes = ZSTD_decodingBufferSize_min(fh.windowSize,
-					     fh.frameContentSize) +
-		 ZSTD_DStreamInSize() + ZSTD_BLOCKSIZE_MAX;
-	return 0;
-}
-
-int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,
-			   void *ctx, const struct zseek_frame *fr)
-{
-	stream_reset(s, fr, UINT32_MAX);
-	return stream_pump(s, rd, ctx, fr, NULL, 0);
-}
-
-/* Content [off, off + len) of frame, continuing the stream when it can. */
-int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
-		      const struct zseek_index *idx, uint32_t frame,
-		      uint64_t off_in_frame, void *dst, size_t len)
-{
-	const struct zseek_frame frame_v = zseek_frame_at(idx, frame);
-	const struct zseek_frame *fr = &frame_v;
-	int64_t r;
-
-	if (off_in_frame + len > fr->d_size)
-		return -EINVAL;
-	if (s->frame != frame || s->out_pos > off_in_frame)
-		stream_reset(s, fr, frame);
-	while (s->out_pos < off_in_frame) {
-		size_t skip = off_in_frame - s->out_pos < ZSTD_BLOCKSIZE_MAX
-				      ? (size_t)(off_in_frame - s->out_pos)
-				      : ZSTD_BLOCKSIZE_MAX;
-
-		r = stream_pump(s, rd, ctx, fr, s->scratch, skip);
-		if (r < 0)
-			goto bad;
-		s->skipped += skip;
-	}
-	r = stream_pump(s, rd, ctx, fr, dst, len);
-	/* the piece that ends the frame: its checksum is read and checked
-	 * too, whether or not zstd got to it filling the piece */
-	if (r >= 0 && s->out_pos == fr->d_size)
-		r = stream_pump(s, rd, ctx, fr, NULL, 0) ? -EBADMSG : 0;
-	if (r < 0)
-		goto bad;
-	return 0;
-bad:
-	s->frame = UINT32_MAX; /* start over next time */
-	return (int)r;
 }
 
 /*
