@@ -198,6 +198,20 @@ bool zseek_raw_block_ok(const uint8_t hdr[ZSEEK_BLOCK_HEADER],
 int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst);
 
+/*
+ * dict.c: the zstd dictionaries frames may name (zstd -D), given before
+ * the first read and read-only after.  zseek_dict_add() takes one (its
+ * bytes, as `zstd --train' writes them): 0, or -errno and a reason in err.
+ * A frame that names a dictionary decodes with it (zseek_decode_frame, the
+ * stream decoder) and is indexed only if it was given.
+ */
+#define ZSEEK_MAX_DICTS 64
+int zseek_dict_add(const void *buf, size_t len, char *err, size_t errlen);
+const ZSTD_DDict *zseek_dict_find(uint32_t id); /* NULL: not given, or 0 */
+unsigned int zseek_dict_count(void);
+size_t zseek_dict_bytes(void); /* the memory the dictionaries take */
+void zseek_dict_free_all(void);
+
 /* Writing: one frame per chunk (frame.c), then the table (zseek.c). */
 struct zseek_writer_entry {
 	uint32_t c_size, d_size, checksum;

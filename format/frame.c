@@ -62,6 +62,8 @@ int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst)
 {
 	unsigned long long fcs = ZSTD_getFrameContentSize(src, fr->c_size);
+	const ZSTD_DDict *dict;
+	unsigned int id;
 	size_t r;
 
 	/*
@@ -74,7 +76,13 @@ int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 	    fcs != fr->d_size && !ZSTD_isSkippableFrame(src, fr->c_size) &&
 	    ZSTD_findFrameCompressedSize(src, fr->c_size) == fr->c_size)
 		return -EUCLEAN;
-	r = ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
+	id = ZSTD_getDictID_fromFrame(src, fr->c_size);
+	dict = zseek_dict_find(id);
+	if (id && !dict)
+		return -EBADMSG; /* its dictionary was not given */
+	r = dict ? ZSTD_decompress_usingDDict(dctx, dst, fr->d_size, src,
+					      fr->c_size, dict)
+		 : ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
 	if (ZSTD_isError(r))
 		return -EBADMSG;
 	if (r != fr->d_size) /* whole, and shorter than the table says */
@@ -126,14 +134,39 @@ void zseek_stream_free(struct zseek_stream *s)
 	s->frame = UINT32_MAX;
 }
 
-static void stream_reset(struct zseek_stream *s, const struct zseek_frame *fr,
-			 uint32_t frame)
+/*
+ * Start frame fr (number frame) over: 0, or -errno if the dictionary it
+ * names cannot be had.  Its header is read for that only where
+ * dictionaries were given.
+ */
+static int stream_reset(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
+			const struct zseek_frame *fr, uint32_t frame)
 {
+	uint8_t hdr[ZSTD_FRAMEHEADERSIZE_MAX];
+	size_t n = fr->c_size < sizeof(hdr) ? (size_t)fr->c_size : sizeof(hdr);
+	const ZSTD_DDict *dict = NULL;
+	unsigned int id = 0;
+	int r;
+
+	s->frame = UINT32_MAX;
 	ZSTD_DCtx_reset(s->ds, ZSTD_reset_session_only);
+	if (zseek_dict_count()) {
+		r = read_exact(rd, ctx, hdr, n, fr->c_off);
+		if (r)
+			return r;
+		id = ZSTD_getDictID_fromFrame(hdr, n);
+		dict = zseek_dict_find(id);
+		if (id && !dict)
+			return -EBADMSG;
+	}
+	/* NULL drops the last frame's: none is used unless asked for */
+	if (ZSTD_isError(ZSTD_DCtx_refDDict(s->ds, dict)))
+		return -EBADMSG;
 	s->frame = frame;
 	s->in_off = fr->c_off;
 	s->out_pos = 0;
 	s->in_pos = s->in_len = 0;
+	return 0;
 }
 
 /*
@@ -218,8 +251,9 @@ int zseek_stream_need(zseek_read_fn rd, void *ctx,
 int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,
 			   void *ctx, const struct zseek_frame *fr)
 {
-	stream_reset(s, fr, UINT32_MAX);
-	return stream_pump(s, rd, ctx, fr, NULL, 0);
+	int r = stream_reset(s, rd, ctx, fr, UINT32_MAX);
+
+	return r ? r : stream_pump(s, rd, ctx, fr, NULL, 0);
 }
 
 /* Content [off, off + len) of frame, continuing the stream when it can. */
@@ -233,8 +267,11 @@ int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 
 	if (off_in_frame + len > fr->d_size)
 		return -EINVAL;
-	if (s->frame != frame || s->out_pos > off_in_frame)
-		stream_reset(s, fr, frame);
+	if (s->frame != frame || s->out_pos > off_in_frame) {
+		r = stream_reset(s, rd, ctx, fr, frame);
+		if (r < 0)
+			goto bad;
+	}
 	while (s->out_pos < off_in_frame) {
 		size_t skip = off_in_frame - s->out_pos < ZSTD_BLOCKSIZE_MAX
 				      ? (size_t)(off_in_frame - s->out_pos)

@@ -415,11 +415,11 @@ static int walk_frame(zseek_read_fn rd, void *ctx, uint64_t off,
 			    (unsigned long long)off,
 			    (unsigned long long)(fh.windowSize >> 20),
 			    1u << (ZSEEK_MAX_WINDOW_LOG - 20));
-	if (fh.dictID)
+	if (fh.dictID && !zseek_dict_find(fh.dictID))
 		return fail(err, errlen, -EBADMSG,
 			    "frame at offset %llu was compressed with a "
-			    "dictionary (ID %u); files that need one are not "
-			    "served",
+			    "dictionary (ID %u) that was not given "
+			    "(zfolio -o dict=FILE)",
 			    (unsigned long long)off, fh.dictID);
 	end = walk_blocks(rd, ctx, off + hsize, file_size, &nblocks);
 	if (end == -ENODATA ||

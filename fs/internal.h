@@ -57,6 +57,7 @@ struct options {
 	bool lockless;
 	bool push; /* push a scan's next files (push.c) */
 	char *ctl;
+	char *dict; /* zstd dictionaries' files, ':' between them, or NULL */
 	/* a dataset in a store (remote.c): NULL is "from the usual places" */
 	char *endpoint, *region, *credentials, *profile, *ca;
 	unsigned int retries, timeout;

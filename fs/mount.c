@@ -593,6 +593,7 @@ static void daemon_free(struct daemon *d)
 	free(d->opt.credentials);
 	free(d->opt.profile);
 	free(d->opt.ca);
+	free(d->opt.dict);
 	free(d->pc.error);
 }
 

@@ -118,6 +118,12 @@ const struct opt_desc opt_table[] = {
 	 "name of the control directory at the mount root (an entry of the "
 	 "dataset's root by that name is hidden by it, and the mount says "
 	 "so)", NULL, 0, 0},
+	{"dict", OPT_TEXT, OFF(dict), "auto",
+	 "zstd dictionaries (files written by zstd --train, ':' between "
+	 "them) for .zst files written with zstd -D: a frame decodes with "
+	 "the one whose ID it names, a frame that names none with none "
+	 "(auto: none; a file written with --no-dictID is not served)",
+	 NULL, 0, 0},
 	{"endpoint", OPT_TEXT, OFF(endpoint), "auto",
 	 "s3:// datasets: the S3 service's URL, path-style (auto: "
 	 "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS itself)",

@@ -291,6 +291,35 @@ def test_zstdcli():
                   "no message for dict.zst: %r" % out)
             check("nodictid.zst: the frame at offset 0 does not decode" in out,
                   "no message for nodictid.zst: %r" % out)
+        # given the dictionary (dict=), its files are served, big (streamed)
+        # and small (decoded whole), read in turn with files that name none
+        # on one worker; a file that does not say its dictionary still not
+        subprocess.run(["zstd", "-q", "-f", "-D", d + "/dict", d + "/orig", "-o",
+                        dst + "/dict.zst"], check=True)
+        with open(d + "/small", "wb") as f:
+            f.write(data[:300000])
+        subprocess.run(["zstd", "-q", "-f", "-D", d + "/dict", d + "/small", "-o",
+                        dst + "/small_dict.zst"], check=True)
+        subprocess.run(["zstd", "-q", "-f", d + "/small", "-o", dst + "/small_plain.zst"],
+                       check=True)
+        with Mount(dst, d + "/mnt", "budget=64M,threads=1,dict=" + d + "/dict") as m:
+            for _ in range(2):
+                for name in ("small_dict", "small_plain"):
+                    check(read_all(d + "/mnt/" + name) == data[:300000],
+                          "content of " + name + " with dict=")
+            for name in ("dict", "plain"):
+                check(read_all(d + "/mnt/" + name) == data, "content of " + name + " with dict=")
+            try:
+                read_all(d + "/mnt/nodictid")
+                fail("nodictid read with dict=")
+            except OSError as e:
+                check(e.errno == errno.EIO, "nodictid with dict=: %s" % e)
+            check(m.stat()["corrupt_frames"] >= 1, "nodictid's frame counted")
+        # what is not a dictionary: the mount fails and says why, in one line
+        r = subprocess.run([ZFOLIO, dst, d + "/mnt", "-o",
+                            "dict=" + d + "/orig"], capture_output=True, text=True)
+        check(r.returncode != 0 and "not a zstd dictionary" in r.stderr,
+              "dict=orig: %r" % r.stderr)
 
 
 def test_uring():

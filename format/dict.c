@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Dictionaries: the zstd dictionaries that frames may name (files written
+ * by `zstd -D DICT`), given at mount and read-only from then on.
+ *
+ * A frame's header names its dictionary by ID (0: none).  A frame that
+ * names one decodes with the dictionary of that ID, and one whose
+ * dictionary was not given does not decode; a frame that names none
+ * decodes without any, as ever.  So a dictionary is never applied to a
+ * frame that did not ask for it: one written with `--no-dictID` cannot
+ * say which it needs, and stays unserved.  The table is filled before
+ * the first read and only read after, by any thread, without a lock.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "zseek_internal.h"
+
+static struct zseek_dict {
+	uint32_t id;
+	ZSTD_DDict *ddict;
+} dicts[ZSEEK_MAX_DICTS];
+static unsigned int ndicts;
+
+int zseek_dict_add(const void *buf, size_t len, char *err, size_t errlen)
+{
+	uint32_t id = (uint32_t)ZSTD_getDictID_fromDict(buf, len);
+	ZSTD_DDict *d;
+
+	if (!id) {
+		snprintf(err, errlen,
+			 "not a zstd dictionary (no dictionary ID: "
+			 "`zstd --train' writes one)");
+		return -EINVAL;
+	}
+	if (zseek_dict_find(id)) {
+		snprintf(err, errlen, "a second dictionary with ID %u", id);
+		return -EEXIST;
+	}
+	if (ndicts == ZSEEK_MAX_DICTS) {
+		snprintf(err, errlen, "more than %u dictionaries",
+			 ZSEEK_MAX_DICTS);
+		return -E2BIG;
+	}
+	d = ZSTD_createDDict(buf, len);
+	if (!d) {
+		snprintf(err, errlen, "dictionary ID %u does not load", id);
+		return -EINVAL;
+	}
+	dicts[ndicts++] = (struct zseek_dict){id, d};
+	return 0;
+}
+
+const ZSTD_DDict *zseek_dict_find(uint32_t id)
+{
+	for (unsigned int i = 0; id && i < ndicts; i++)
+		if (dicts[i].id == id)
+			return dicts[i].ddict;
+	return NULL;
+}
+
+unsigned int zseek_dict_count(void)
+{
+	return ndicts;
+}
+
+size_t zseek_dict_bytes(void)
+{
+	size_t n = 0;
+
+	for (unsigned int i = 0; i < ndicts; i++)
+		n += ZSTD_sizeof_DDict(dicts[i].ddict);
+	return n;
+}
+
+void zseek_dict_free_all(void)
+{
+	while (ndicts)
+		ZSTD_freeDDict(dicts[--ndicts].ddict);
+}
