@@ -12,8 +12,12 @@
  * the first read and only read after, by any thread, without a lock.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "zseek_internal.h"
 
@@ -78,4 +82,58 @@ void zseek_dict_free_all(void)
 {
 	while (ndicts)
 		ZSTD_freeDDict(dicts[--ndicts].ddict);
+}
+
+/* A dictionary file's size is trusted up to this (zstd --train writes
+ * 110 KiB by default, --maxdict a few MiB) */
+#define DICT_MAX_BYTES (64u << 20)
+
+/* One dictionary file, loaded: 0, or -errno and why in err. */
+static int load_dict(const char *path, char *err, size_t errlen)
+{
+	char why[160] = "";
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	uint8_t *buf = NULL;
+	struct stat st;
+	int r = 0;
+
+	if (fd < 0 || fstat(fd, &st)) {
+		r = -errno;
+	} else if (!S_ISREG(st.st_mode)) {
+		r = -EINVAL;
+		snprintf(why, sizeof(why), "not a regular file");
+	} else if (st.st_size > (off_t)DICT_MAX_BYTES) {
+		r = -EFBIG;
+		snprintf(why, sizeof(why), "larger than %u MiB",
+			 DICT_MAX_BYTES >> 20);
+	} else if (!(buf = malloc(st.st_size ? (size_t)st.st_size : 1))) {
+		r = -ENOMEM;
+	} else if (zseek_pread_fd(&fd, buf, (size_t)st.st_size, 0) !=
+		   (ssize_t)st.st_size) {
+		r = -EIO;
+	} else {
+		r = zseek_dict_add(buf, (size_t)st.st_size, why, sizeof(why));
+	}
+	if (r && !*why)
+		snprintf(why, sizeof(why), "%s", strerror(-r));
+	if (r)
+		snprintf(err, errlen, "%s: %s", path, why);
+	free(buf);
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+int zseek_dict_load(const char *list, char *err, size_t errlen)
+{
+	char *copy = list ? strdup(list) : NULL, *save = NULL;
+	int r = 0;
+
+	if (list && !copy)
+		return -ENOMEM;
+	for (char *p = copy ? strtok_r(copy, ":", &save) : NULL; p && !r;
+	     p = strtok_r(NULL, ":", &save))
+		r = load_dict(p, err, errlen);
+	free(copy);
+	return r;
 }

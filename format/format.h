@@ -207,6 +207,9 @@ int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
  */
 #define ZSEEK_MAX_DICTS 64
 int zseek_dict_add(const void *buf, size_t len, char *err, size_t errlen);
+/* The dictionaries in files (list: paths, ':' between them; NULL: none):
+ * 0, or -errno and "PATH: why" in err. */
+int zseek_dict_load(const char *list, char *err, size_t errlen);
 const ZSTD_DDict *zseek_dict_find(uint32_t id); /* NULL: not given, or 0 */
 unsigned int zseek_dict_count(void);
 size_t zseek_dict_bytes(void); /* the memory the dictionaries take */

@@ -479,57 +479,6 @@ static int check_single(const char *path, char *err, size_t errlen)
 	return -EINVAL;
 }
 
-/* A dictionary file's size is trusted up to this (zstd --train writes
- * 110 KiB by default, --maxdict a few MiB) */
-#define DICT_MAX_BYTES (64u << 20)
-
-/* One dictionary file, loaded: 0, or -errno and why in err. */
-static int load_dict(const char *path, char *err, size_t errlen)
-{
-	char why[160] = "";
-	FILE *fp = fopen(path, "rb");
-	uint8_t *buf = NULL;
-	long len = -1;
-	int r = -errno;
-
-	if (fp && fseek(fp, 0, SEEK_END) == 0)
-		len = ftell(fp);
-	if (fp && len > (long)DICT_MAX_BYTES) {
-		snprintf(why, sizeof(why), "larger than %u MiB",
-			 DICT_MAX_BYTES >> 20);
-		r = -EFBIG;
-	} else if (fp && len >= 0 && fseek(fp, 0, SEEK_SET) == 0 &&
-		   (buf = malloc(len ? (size_t)len : 1)) &&
-		   fread(buf, 1, (size_t)len, fp) == (size_t)len) {
-		r = zseek_dict_add(buf, (size_t)len, why, sizeof(why));
-	} else if (fp) {
-		r = buf ? -EIO : -ENOMEM;
-	}
-	if (r && !*why)
-		snprintf(why, sizeof(why), "%s", strerror(-r));
-	if (r)
-		snprintf(err, errlen, "dict=%s: %s", path, why);
-	free(buf);
-	if (fp)
-		fclose(fp);
-	return r;
-}
-
-/* The dictionaries of option dict (files, ':' between them). */
-static int load_dicts(const char *list, char *err, size_t errlen)
-{
-	char *copy = list ? strdup(list) : NULL, *save = NULL;
-	int r = 0;
-
-	if (list && !copy)
-		return -ENOMEM;
-	for (char *p = copy ? strtok_r(copy, ":", &save) : NULL; p && !r;
-	     p = strtok_r(NULL, ":", &save))
-		r = load_dict(p, err, errlen);
-	free(copy);
-	return r;
-}
-
 /* The dataset root: a directory, or the directory of one mounted file. */
 static int open_root(struct dataset *ds, const char *path, char *err,
 		     size_t errlen)
@@ -646,9 +595,14 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	CDS_INIT_LIST_HEAD(&ds->streams.lru);
 	CDS_INIT_LIST_HEAD(&ds->handles);
 	/* before any file is indexed: frames that name one need it */
-	r = load_dicts(opt->dict, err, errlen);
-	if (r)
+	r = zseek_dict_load(opt->dict, err, errlen);
+	if (r) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", err);
+		snprintf(err, errlen, "dict=%s", why);
 		return r;
+	}
 	r = store_is_url(opt->dataset) ? remote_open(ds, err, errlen)
 				       : open_root(ds, opt->dataset, err, errlen);
 	if (r)

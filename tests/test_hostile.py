@@ -315,6 +315,13 @@ def test_zstdcli():
             except OSError as e:
                 check(e.errno == errno.EIO, "nodictid with dict=: %s" % e)
             check(m.stat()["corrupt_frames"] >= 1, "nodictid's frame counted")
+        # zfolioctl inspect indexes such a file given the dictionary too
+        r = subprocess.run([ZFOLIOCTL, "inspect", dst + "/small_dict.zst"],
+                           capture_output=True, text=True)
+        check(r.returncode != 0 and "that was not given" in r.stderr, "inspect: %r" % r.stderr)
+        r = subprocess.run([ZFOLIOCTL, "inspect", dst + "/small_dict.zst", "--dict",
+                            d + "/dict"], capture_output=True, text=True)
+        check(r.returncode == 0 and "walked" in r.stdout, "inspect --dict: %r" % r.stderr)
         # what is not a dictionary: the mount fails and says why, in one line
         r = subprocess.run([ZFOLIO, dst, d + "/mnt", "-o",
                             "dict=" + d + "/orig"], capture_output=True, text=True)

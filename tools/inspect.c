@@ -70,6 +70,8 @@ static void inspect_file(const char *file, struct inspected *in)
 		die("%s: not a regular file", file);
 	memset(in, 0, sizeof(*in));
 	in->file = file;
+	if (zseek_dict_load(opt.dict, err, sizeof(err)))
+		die("--dict %s", err);
 	if (zseek_index_build(zseek_pread_fd, &fd, (uint64_t)st.st_size, true,
 			      &in->idx, err, sizeof(err)))
 		die("%s: %s", file, *err ? err : "cannot index it");

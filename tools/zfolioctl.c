@@ -7,7 +7,7 @@
  *   zfolioctl set MNT KEY VALUE [--group G]     KEY: max, high
  *   zfolioctl reclaim MNT SIZE [--group G]
  *   zfolioctl groups MNT [--group G]
- *   zfolioctl inspect FILE.zst [--json]
+ *   zfolioctl inspect FILE.zst [--json] [--dict D]
  *
  * This file holds main(), the options, the usage and the command table;
  * the mount commands are in control.c, inspect in inspect.c.
@@ -74,6 +74,9 @@ static void usage(FILE *out)
 		"  --group G      a child group (as listed by groups)\n"
 		"  --ctl NAME     the control directory's name (default "
 		".zfolio)\n"
+		"  --dict D       inspect: zstd dictionaries its frames name "
+		"(files, ':'\n"
+		"                 between them), as zfolio -o dict=D\n"
 		"  -V, --version  print the version and exit\n"
 		"  -h, --help     this help\n");
 }
@@ -94,6 +97,7 @@ static const struct option longopts[] = {
 	{"group", required_argument, NULL, 'g'},
 	{"ctl", required_argument, NULL, 'c'},
 	{"interval", required_argument, NULL, 'i'},
+	{"dict", required_argument, NULL, 'D'},
 	{"version", no_argument, NULL, 'V'},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
@@ -117,6 +121,9 @@ static void parse_options(int argc, char **argv)
 			break;
 		case 'i':
 			opt.interval = parse_interval(optarg);
+			break;
+		case 'D':
+			opt.dict = optarg;
 			break;
 		case 'V':
 			printf("%s %s\n", progname, ZF_VERSION);

@@ -17,6 +17,7 @@ extern const char *progname;
 /* The options, as parse_options() leaves them for the commands. */
 struct ctl_options {
 	const char *ctl, *group; /* the control directory's name; a group */
+	const char *dict;	 /* inspect's dictionaries, as zfolio's dict= */
 	bool json;
 	double interval; /* stat's, in seconds; 0 for none */
 };
