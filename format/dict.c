@@ -92,7 +92,9 @@ void zseek_dict_free_all(void)
 static int load_dict(const char *path, char *err, size_t errlen)
 {
 	char why[160] = "";
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO is refused below, not waited on */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	ssize_t got;
 	uint8_t *buf = NULL;
 	struct stat st;
 	int r = 0;
@@ -108,9 +110,11 @@ static int load_dict(const char *path, char *err, size_t errlen)
 			 DICT_MAX_BYTES >> 20);
 	} else if (!(buf = malloc(st.st_size ? (size_t)st.st_size : 1))) {
 		r = -ENOMEM;
-	} else if (zseek_pread_fd(&fd, buf, (size_t)st.st_size, 0) !=
+	} else if ((got = zseek_pread_fd(&fd, buf, (size_t)st.st_size, 0)) !=
 		   (ssize_t)st.st_size) {
-		r = -EIO;
+		r = got < 0 ? (int)got : -EIO;
+		if (got >= 0)
+			snprintf(why, sizeof(why), "changed while read");
 	} else {
 		r = zseek_dict_add(buf, (size_t)st.st_size, why, sizeof(why));
 	}

@@ -194,7 +194,8 @@ bool zseek_raw_block_ok(const uint8_t hdr[ZSEEK_BLOCK_HEADER],
 			const struct zseek_frame *fr, uint64_t k);
 /* Frame fr (its c_size bytes at src) into dst (its d_size bytes): 0,
  * -EBADMSG if it does not decode or fails its checksum, -EUCLEAN if its
- * header gives a size other than the seek table's. */
+ * header gives a size other than the seek table's, -ENOKEY if it names a
+ * dictionary not given (dict.c).  The stream decoder fails so too. */
 int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst);
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#include <zstd_errors.h>
 
 #include "zseek_internal.h"
 
@@ -58,13 +59,53 @@ int zseek_raw_frame(const void *probe, size_t n, const struct zseek_frame *fr,
 	return 1;
 }
 
+/* A zstd error as ours: a frame naming a dictionary not given is -ENOKEY. */
+static int zstd_err(size_t r)
+{
+	return ZSTD_getErrorCode(r) == ZSTD_error_dictionary_wrong ? -ENOKEY
+								   : -EBADMSG;
+}
+
+/*
+ * An entry's frames into dst (cap bytes) where dictionaries were given:
+ * one at a time, each with the dictionary its header names (none if it
+ * names none), skippable frames passed over.  0 and *out the bytes
+ * decoded; -EBADMSG, or -ENOKEY for a frame naming a dictionary not given.
+ */
+static int decode_with_dicts(ZSTD_DCtx *dctx, uint8_t *dst, size_t cap,
+			     const uint8_t *src, size_t len, size_t *out)
+{
+	*out = 0;
+	while (len) {
+		size_t n = ZSTD_findFrameCompressedSize(src, len), r;
+		unsigned int id;
+		const ZSTD_DDict *dict;
+
+		if (ZSTD_isError(n))
+			return -EBADMSG;
+		if (!ZSTD_isSkippableFrame(src, n)) {
+			id = ZSTD_getDictID_fromFrame(src, n);
+			dict = zseek_dict_find(id);
+			if (id && !dict)
+				return -ENOKEY;
+			r = ZSTD_decompress_usingDDict(dctx, dst + *out,
+						       cap - *out, src, n, dict);
+			if (ZSTD_isError(r))
+				return zstd_err(r);
+			*out += r;
+		}
+		src += n;
+		len -= n;
+	}
+	return 0;
+}
+
 int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 		       bool check, const void *src, void *dst)
 {
 	unsigned long long fcs = ZSTD_getFrameContentSize(src, fr->c_size);
-	const ZSTD_DDict *dict;
-	unsigned int id;
 	size_t r;
+	int err;
 
 	/*
 	 * An entry that is one frame whose header says its size, and the
@@ -76,15 +117,16 @@ int zseek_decode_frame(ZSTD_DCtx *dctx, const struct zseek_frame *fr,
 	    fcs != fr->d_size && !ZSTD_isSkippableFrame(src, fr->c_size) &&
 	    ZSTD_findFrameCompressedSize(src, fr->c_size) == fr->c_size)
 		return -EUCLEAN;
-	id = ZSTD_getDictID_fromFrame(src, fr->c_size);
-	dict = zseek_dict_find(id);
-	if (id && !dict)
-		return -EBADMSG; /* its dictionary was not given */
-	r = dict ? ZSTD_decompress_usingDDict(dctx, dst, fr->d_size, src,
-					      fr->c_size, dict)
-		 : ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
-	if (ZSTD_isError(r))
-		return -EBADMSG;
+	if (zseek_dict_count()) {
+		err = decode_with_dicts(dctx, dst, fr->d_size, src, fr->c_size,
+					&r);
+		if (err)
+			return err;
+	} else {
+		r = ZSTD_decompressDCtx(dctx, dst, fr->d_size, src, fr->c_size);
+		if (ZSTD_isError(r))
+			return zstd_err(r);
+	}
 	if (r != fr->d_size) /* whole, and shorter than the table says */
 		return -EUCLEAN;
 	if (check && (uint32_t)XXH64(dst, fr->d_size, 0) != fr->checksum)
@@ -142,30 +184,32 @@ void zseek_stream_free(struct zseek_stream *s)
 static int stream_reset(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 			const struct zseek_frame *fr, uint32_t frame)
 {
-	uint8_t hdr[ZSTD_FRAMEHEADERSIZE_MAX];
-	size_t n = fr->c_size < sizeof(hdr) ? (size_t)fr->c_size : sizeof(hdr);
+	size_t n = fr->c_size < s->in_cap ? (size_t)fr->c_size : s->in_cap;
 	const ZSTD_DDict *dict = NULL;
-	unsigned int id = 0;
+	unsigned int id;
 	int r;
 
 	s->frame = UINT32_MAX;
 	ZSTD_DCtx_reset(s->ds, ZSTD_reset_session_only);
+	s->in_off = fr->c_off;
+	s->out_pos = 0;
+	s->in_pos = s->in_len = 0;
 	if (zseek_dict_count()) {
-		r = read_exact(rd, ctx, hdr, n, fr->c_off);
+		/* the frame's first input, its header in it, read now */
+		r = read_exact(rd, ctx, s->inbuf, n, fr->c_off);
 		if (r)
 			return r;
-		id = ZSTD_getDictID_fromFrame(hdr, n);
+		s->in_off += n;
+		s->in_len = n;
+		id = ZSTD_getDictID_fromFrame(s->inbuf, n);
 		dict = zseek_dict_find(id);
 		if (id && !dict)
-			return -EBADMSG;
+			return -ENOKEY;
 	}
 	/* NULL drops the last frame's: none is used unless asked for */
 	if (ZSTD_isError(ZSTD_DCtx_refDDict(s->ds, dict)))
 		return -EBADMSG;
 	s->frame = frame;
-	s->in_off = fr->c_off;
-	s->out_pos = 0;
-	s->in_pos = s->in_len = 0;
 	return 0;
 }
 
@@ -210,7 +254,7 @@ static int64_t stream_pump(struct zseek_stream *s, zseek_read_fn rd,
 					       0};
 		r = ZSTD_decompressStream(s->ds, &out, &in);
 		if (ZSTD_isError(r))
-			return -EBADMSG;
+			return zstd_err(r);
 		s->in_pos = in.pos;
 		s->out_pos += out.pos;
 		produced += out.pos;

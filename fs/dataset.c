@@ -595,14 +595,11 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	CDS_INIT_LIST_HEAD(&ds->streams.lru);
 	CDS_INIT_LIST_HEAD(&ds->handles);
 	/* before any file is indexed: frames that name one need it */
-	r = zseek_dict_load(opt->dict, err, errlen);
-	if (r) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "dict=%s", why);
+	snprintf(err, errlen, "dict=");
+	r = zseek_dict_load(opt->dict, err + strlen(err), errlen - strlen(err));
+	if (r)
 		return r;
-	}
+	*err = '\0';
 	r = store_is_url(opt->dataset) ? remote_open(ds, err, errlen)
 				       : open_root(ds, opt->dataset, err, errlen);
 	if (r)

@@ -348,7 +348,7 @@ int zfile_read_split(struct zfile *f, unsigned long slot, void *dst, size_t len,
 	z->win = z->pages;
 	pthread_mutex_unlock(&f->stream_lock);
 	pthread_mutex_unlock(&z->lock);
-	if (r == -EBADMSG)
+	if (r == -EBADMSG || r == -ENOKEY)
 		frame_failed(f, frame);
 	return r;
 }
@@ -371,6 +371,15 @@ int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 			  "%llu a size its header does not: the "
 			  "table is damaged, and the whole file "
 			  "reads as EIO",
+			  (unsigned long long)zseek_frame_at(
+			      &f->idx, zfile_slot_frame(f, slot))
+			      .c_off);
+		return -EBADMSG;
+	}
+	if (r == -ENOKEY) {
+		zlog_file(f->path,
+			  "the frame at offset %llu was compressed with a "
+			  "zstd dictionary that was not given (-o dict=FILE)",
 			  (unsigned long long)zseek_frame_at(
 			      &f->idx, zfile_slot_frame(f, slot))
 			      .c_off);

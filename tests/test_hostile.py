@@ -302,9 +302,15 @@ def test_zstdcli():
                         dst + "/small_dict.zst"], check=True)
         subprocess.run(["zstd", "-q", "-f", d + "/small", "-o", dst + "/small_plain.zst"],
                        check=True)
-        with Mount(dst, d + "/mnt", "budget=64M,threads=1,dict=" + d + "/dict") as m:
+        # a pipe: no content size, measured by decoding with the dictionary
+        with open(d + "/small", "rb") as fin, open(dst + "/piped_dict.zst", "wb") as fout:
+            subprocess.run(["zstd", "-q", "-c", "-D", d + "/dict", "-"], stdin=fin,
+                           stdout=fout, check=True)
+        # cache=engine and a budget smaller than the files: every round
+        # decodes again, on the one worker
+        with Mount(dst, d + "/mnt", "budget=4M,threads=1,cache=engine,dict=" + d + "/dict") as m:
             for _ in range(2):
-                for name in ("small_dict", "small_plain"):
+                for name in ("small_dict", "small_plain", "piped_dict"):
                     check(read_all(d + "/mnt/" + name) == data[:300000],
                           "content of " + name + " with dict=")
             for name in ("dict", "plain"):
