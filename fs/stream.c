@@ -360,6 +360,11 @@ int zfile_read_split(struct zfile *f, unsigned long slot, void *dst, size_t len,
  */
 int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 {
+	unsigned long long off;
+
+	if (r != -EUCLEAN && r != -ENOKEY && r != -EBADMSG)
+		return r;
+	off = zseek_frame_at(&f->idx, zfile_slot_frame(f, slot)).c_off;
 	if (r == -EUCLEAN) {
 		atomic_store(&f->table_lies, true);
 		/* pages filled from the wrong place may be in the page cache,
@@ -367,31 +372,21 @@ int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 		 * without asking (kernel_opens): none stays */
 		ktier_evict_all(f->mapping->cache);
 		zlog_file(f->path,
-			  "the seek table gives the frame at offset "
-			  "%llu a size its header does not: the "
-			  "table is damaged, and the whole file "
-			  "reads as EIO",
-			  (unsigned long long)zseek_frame_at(
-			      &f->idx, zfile_slot_frame(f, slot))
-			      .c_off);
-		return -EBADMSG;
-	}
-	if (r == -ENOKEY) {
+			  "the seek table gives the frame at offset %llu a "
+			  "size its header does not: the table is damaged, "
+			  "and the whole file reads as EIO",
+			  off);
+	} else if (r == -ENOKEY) {
 		zlog_file(f->path,
 			  "the frame at offset %llu was compressed with a "
 			  "zstd dictionary that was not given (-o dict=FILE)",
-			  (unsigned long long)zseek_frame_at(
-			      &f->idx, zfile_slot_frame(f, slot))
-			      .c_off);
-		return -EBADMSG;
-	}
-	if (r == -EBADMSG)
+			  off);
+	} else {
 		zlog_file(f->path, "the frame at offset %llu does not decode%s",
-			  (unsigned long long)zseek_frame_at(
-			      &f->idx, zfile_slot_frame(f, slot))
-			      .c_off,
+			  off,
 			  f->idx.has_checksum || f->idx.frame_checksums
 			      ? ", or fails its checksum"
 			      : "");
-	return r;
+	}
+	return -EBADMSG;
 }
