@@ -7,7 +7,8 @@
  * messages, progress, and listing source directories.  tree.c: the tree
  * layout (each file f as f.zst in a copy of the tree).  packed.c: the
  * packed layout (a manifest, big files in data files of their own, small
- * files packed together).
+ * files packed together).  xattrs.c: extended attributes.  upload.c: a
+ * dataset written to a store.
  */
 #ifndef ZF_MKZFOLIO_H
 #define ZF_MKZFOLIO_H
@@ -145,6 +146,8 @@ unsigned int files_changed(void);
 void skip_unreadable(int err, const char *path, const char *done);
 /* how many files skip_unreadable() counted as unreadable */
 unsigned int files_unreadable(void);
+
+/* xattrs.c */
 /* the most a packed entry's extended attributes take in the manifest,
  * escaped (Linux allows 64 KiB for a value) */
 #define XATTRS_MAX (64u << 10)
