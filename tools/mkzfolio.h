@@ -116,13 +116,13 @@ struct entry {
 
 extern const char *progname;
 
-/* pool.c */
 /* upload.c: a dataset written to a store */
 struct store_options;
 void upload_check(const char *url, const struct store_options *o, bool force);
 void upload_dataset(const char *dir, const char *url,
 		    const struct store_options *o, bool quiet);
 
+/* pool.c */
 /* run by die() before it exits */
 extern void (*die_hook)(void);
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
