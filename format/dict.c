@@ -8,8 +8,9 @@
  * dictionary was not given does not decode; a frame that names none
  * decodes without any, as ever.  So a dictionary is never applied to a
  * frame that did not ask for it: one written with `--no-dictID` cannot
- * say which it needs, and stays unserved.  The table is filled before
- * the first read and only read after, by any thread, without a lock.
+ * say which it needs, and stays unserved.  The table is the process's (a
+ * daemon serves one dataset): filled before the first read and only read
+ * after, by any thread, without a lock.
  */
 #include <errno.h>
 #include <fcntl.h>
