@@ -78,18 +78,14 @@ static int decode_with_dicts(ZSTD_DCtx *dctx, uint8_t *dst, size_t cap,
 	*out = 0;
 	while (len) {
 		size_t n = ZSTD_findFrameCompressedSize(src, len), r;
-		unsigned int id;
-		const ZSTD_DDict *dict;
 
 		if (ZSTD_isError(n))
 			return -EBADMSG;
 		if (!ZSTD_isSkippableFrame(src, n)) {
-			id = ZSTD_getDictID_fromFrame(src, n);
-			dict = zseek_dict_find(id);
-			if (id && !dict)
-				return -ENOKEY;
-			r = ZSTD_decompress_usingDDict(dctx, dst + *out,
-						       cap - *out, src, n, dict);
+			/* NULL for an ID not given: zstd says dictionary_wrong */
+			r = ZSTD_decompress_usingDDict(
+			    dctx, dst + *out, cap - *out, src, n,
+			    zseek_dict_find(ZSTD_getDictID_fromFrame(src, n)));
 			if (ZSTD_isError(r))
 				return zstd_err(r);
 			*out += r;
@@ -177,16 +173,15 @@ void zseek_stream_free(struct zseek_stream *s)
 }
 
 /*
- * Start frame fr (number frame) over: 0, or -errno if the dictionary it
- * names cannot be had.  Its header is read for that only where
- * dictionaries were given.
+ * Start frame fr (number frame) over: 0, or -errno if its first input
+ * cannot be read.  That is read here, for the dictionary its header names,
+ * only where dictionaries were given.
  */
 static int stream_reset(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 			const struct zseek_frame *fr, uint32_t frame)
 {
 	size_t n = fr->c_size < s->in_cap ? (size_t)fr->c_size : s->in_cap;
 	const ZSTD_DDict *dict = NULL;
-	unsigned int id;
 	int r;
 
 	s->frame = UINT32_MAX;
@@ -201,12 +196,10 @@ static int stream_reset(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 			return r;
 		s->in_off += n;
 		s->in_len = n;
-		id = ZSTD_getDictID_fromFrame(s->inbuf, n);
-		dict = zseek_dict_find(id);
-		if (id && !dict)
-			return -ENOKEY;
+		dict = zseek_dict_find(ZSTD_getDictID_fromFrame(s->inbuf, n));
 	}
-	/* NULL drops the last frame's: none is used unless asked for */
+	/* NULL drops the last frame's: none is used unless asked for (and
+	 * a frame naming one not given fails as dictionary_wrong) */
 	if (ZSTD_isError(ZSTD_DCtx_refDDict(s->ds, dict)))
 		return -EBADMSG;
 	s->frame = frame;
