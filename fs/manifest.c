@@ -717,8 +717,21 @@ int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
 
 	*f = NULL;
 	*pack_ra = NULL;
-	if (!r && !S_ISREG(e->st.st_mode))
-		r = S_ISDIR(e->st.st_mode) ? -EISDIR : -EACCES;
+	if (!r && S_ISDIR(e->st.st_mode)) {
+		/*
+		 * The kernel opens a node as a file only when a name gave it
+		 * as one: a later name of a hard link numbered as a directory.
+		 */
+		zlog_file(ZMF_NAME, "inode %llu (%.*s%s%.*s) is a directory, "
+				    "but a file's name gives its number: the "
+				    "manifest is damaged, and that name reads "
+				    "as EIO",
+			  (unsigned long long)ino, (int)e->plen, e->parent,
+			  e->plen ? "/" : "", (int)e->nlen, e->name);
+		r = -EIO;
+	} else if (!r && !S_ISREG(e->st.st_mode)) {
+		r = -EACCES;
+	}
 	if (!r && e->has_data)
 		r = data_file(ds, e->data_id, f);
 	if (!r && *f && e->data_off + (uint64_t)e->st.st_size >

@@ -258,6 +258,9 @@ static int entry_of_line(const char *line, size_t n, void *arg)
  * its first name's number.  Any other (an edited manifest) would hand the
  * kernel node 0 (taken as "no such name"), the root's, or one directory
  * under two names: the entry is damaged, and said so (once per entry).
+ * An earlier number that is a directory's is caught when the kernel opens
+ * it as a file (manifest_open_file): telling here would read a second
+ * manifest frame from inside the walk of the first.
  */
 int mf_entry_placed(const struct mf_entry *e, uint64_t i)
 {
