@@ -96,7 +96,7 @@ void mark_changed(struct fetcher *F, struct store_obj *o);
 
 /* request.c: a response's checks */
 bool same_object(CURL *h, const struct store_obj *o);
-bool range_ok(CURL *h, long status, uint64_t start, uint64_t whole);
+bool range_ok(CURL *h, long status, uint64_t start, bool whole_ok);
 /* request.c: reads of their own */
 int attempt_send(struct fetcher *F, struct store_read *r);
 void read_send(struct fetcher *F, struct store_read *r);

@@ -66,14 +66,17 @@ bool same_object(CURL *h, const struct store_obj *o)
 	return true;
 }
 
-/* Whether a 2xx response holds the bytes asked for, from start. */
-bool range_ok(CURL *h, long status, uint64_t start, uint64_t whole)
+/*
+ * Whether a 2xx response holds the bytes asked for, from start; a 200 (the
+ * whole object) does only where whole_ok, asked from 0.
+ */
+bool range_ok(CURL *h, long status, uint64_t start, bool whole_ok)
 {
 	const char *cr = header(h, "Content-Range");
 	uint64_t at;
 
 	if (status == 200) /* the whole object: fine only from 0 */
-		return start == 0 && whole;
+		return start == 0 && whole_ok;
 	if (status != 206 || !cr || sscanf(cr, "bytes %" SCNu64, &at) != 1)
 		return false;
 	return at == start;
