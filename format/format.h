@@ -36,10 +36,13 @@
  * start; so are frames whose content size is not in their header. */
 #define ZSEEK_SPLIT_ABOVE (4u << 20)
 #define ZSEEK_SUBFOLIO (1u << 20)
-/* Largest window a frame may need: what the zstd CLI decodes by default
- * (ZSTD_WINDOWLOG_LIMIT_DEFAULT, 128 MiB); a streamed frame's window is
- * charged to the budget while it streams. */
-#define ZSEEK_MAX_WINDOW_LOG 27
+/* Largest window a frame may need, by default: what the zstd CLI decodes
+ * without --long or --memory (ZSTD_WINDOWLOG_LIMIT_DEFAULT, 128 MiB); at
+ * most what `zstd --long=31` writes.  zseek_set_window_max() sets it for
+ * the process.  A streamed frame's window is charged to the budget while
+ * it streams. */
+#define ZSEEK_DEFAULT_WINDOW (1ull << 27)
+#define ZSEEK_LARGEST_WINDOW (1ull << 31)
 /* The smallest frame that holds content: magic, two header bytes, and a
  * block of a 3-byte header and one byte (zseek_max_content). */
 #define ZSEEK_MIN_FRAME_BYTES 10
@@ -215,6 +218,11 @@ const ZSTD_DDict *zseek_dict_find(uint32_t id); /* NULL: not given, or 0 */
 unsigned int zseek_dict_count(void);
 size_t zseek_dict_bytes(void); /* the memory the dictionaries take */
 void zseek_dict_free_all(void);
+
+/* The largest window a frame may need to be served (frame.c): set before
+ * the first file is indexed, from 1 KiB to ZSEEK_LARGEST_WINDOW. */
+void zseek_set_window_max(uint64_t bytes);
+uint64_t zseek_window_max(void);
 
 /* Writing: one frame per chunk (frame.c), then the table (zseek.c). */
 struct zseek_writer_entry {

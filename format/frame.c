@@ -145,6 +145,35 @@ size_t zseek_compress_frame(ZSTD_CCtx *cctx, int level, const void *src,
 	return r;
 }
 
+/*
+ * The largest window a frame may need, the process's (a daemon serves one
+ * dataset): set before the first file is indexed, read-only after.
+ */
+static uint64_t window_max = ZSEEK_DEFAULT_WINDOW;
+
+void zseek_set_window_max(uint64_t bytes)
+{
+	if (bytes < (1u << ZSTD_WINDOWLOG_MIN))
+		bytes = 1u << ZSTD_WINDOWLOG_MIN;
+	window_max = bytes < ZSEEK_LARGEST_WINDOW ? bytes
+						  : ZSEEK_LARGEST_WINDOW;
+}
+
+uint64_t zseek_window_max(void)
+{
+	return window_max;
+}
+
+/* The stream decoder's limit: the power of two at or above window_max. */
+static int window_log_max(void)
+{
+	int log = ZSTD_WINDOWLOG_MIN;
+
+	while ((1ull << log) < window_max)
+		log++;
+	return log;
+}
+
 int zseek_stream_init(struct zseek_stream *s)
 {
 	memset(s, 0, sizeof(*s));
@@ -157,9 +186,8 @@ int zseek_stream_init(struct zseek_stream *s)
 		zseek_stream_free(s);
 		return -ENOMEM;
 	}
-	/* what the zstd CLI decodes, and no more: walk_frame refuses larger */
-	ZSTD_DCtx_setParameter(s->ds, ZSTD_d_windowLogMax,
-			       ZSEEK_MAX_WINDOW_LOG);
+	/* the windows allowed, and no more: walk_frame refuses larger */
+	ZSTD_DCtx_setParameter(s->ds, ZSTD_d_windowLogMax, window_log_max());
 	return 0;
 }
 
@@ -277,7 +305,7 @@ int zseek_stream_need(zseek_read_fn rd, void *ctx,
 
 	if (read_exact(rd, ctx, hdr, n, fr->c_off) ||
 	    ZSTD_getFrameHeader(&fh, hdr, n) ||
-	    fh.windowSize > (1ull << ZSEEK_MAX_WINDOW_LOG))
+	    fh.windowSize > window_max)
 		return -EBADMSG;
 	*bytes = ZSTD_decodingBufferSize_min(fh.windowSize,
 					     fh.frameContentSize) +

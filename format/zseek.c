@@ -388,7 +388,7 @@ static int frames_push(struct zseek_index *idx, uint32_t *cap,
 /*
  * One frame at off: its place, and its content size if the header says
  * it.  A header that claims more content than its blocks can hold, or a
- * window larger than ZSEEK_MAX_WINDOW_LOG, is refused with the reason.
+ * window larger than zseek_window_max(), is refused with the reason.
  */
 static int walk_frame(zseek_read_fn rd, void *ctx, uint64_t off,
 		      uint64_t file_size, struct zseek_frame *fr,
@@ -408,13 +408,14 @@ static int walk_frame(zseek_read_fn rd, void *ctx, uint64_t off,
 	hsize = ZSTD_frameHeaderSize(hdr, n);
 	if (ZSTD_isError(hsize) || ZSTD_getFrameHeader(&fh, hdr, n))
 		return -EBADMSG;
-	if (fh.windowSize > (1ull << ZSEEK_MAX_WINDOW_LOG))
+	if (fh.windowSize > zseek_window_max())
 		return fail(err, errlen, -EBADMSG,
 			    "frame at offset %llu needs a %llu MiB window, "
-			    "over the limit of %u MiB",
+			    "over the limit of %llu MiB (zfolio -o "
+			    "max_window=SIZE)",
 			    (unsigned long long)off,
 			    (unsigned long long)(fh.windowSize >> 20),
-			    1u << (ZSEEK_MAX_WINDOW_LOG - 20));
+			    (unsigned long long)(zseek_window_max() >> 20));
 	if (fh.dictID && !zseek_dict_find(fh.dictID))
 		return fail(err, errlen, -EBADMSG,
 			    "frame at offset %llu was compressed with a "

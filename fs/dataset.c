@@ -595,6 +595,7 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	CDS_INIT_LIST_HEAD(&ds->streams.lru);
 	CDS_INIT_LIST_HEAD(&ds->handles);
 	/* before any file is indexed: frames that name one need it */
+	zseek_set_window_max(opt->max_window);
 	snprintf(err, errlen, "dict=");
 	r = zseek_dict_load(opt->dict, err + strlen(err), errlen - strlen(err));
 	if (r)

@@ -58,6 +58,7 @@ struct options {
 	bool push; /* push a scan's next files (push.c) */
 	char *ctl;
 	char *dict; /* zstd dictionaries' files, ':' between them, or NULL */
+	uint64_t max_window; /* the largest window a frame may need */
 	/* a dataset in a store (remote.c): NULL is "from the usual places" */
 	char *endpoint, *region, *credentials, *profile, *ca;
 	unsigned int retries, timeout;

@@ -124,6 +124,14 @@ const struct opt_desc opt_table[] = {
 	 "the one whose ID it names, a frame that names none with none "
 	 "(auto: none; a file written with --no-dictID is not served)",
 	 NULL, 0, 0},
+	{"max_window", OPT_SIZE, OFF(max_window), "128M",
+	 "the largest window a frame may need to be served: zstd --long=N "
+	 "writes up to 2^N bytes (2G for --long=31) on a file that big, "
+	 "and zstd -d decodes 128M unless given --long or --memory; a "
+	 "frame that needs more reads as EIO, said in the log.  A big "
+	 "frame's window is charged to the budget while it is read, and "
+	 "must fit in it",
+	 NULL, 1 << 20, 1ull << 31},
 	{"endpoint", OPT_TEXT, OFF(endpoint), "auto",
 	 "s3:// datasets: the S3 service's URL, path-style (auto: "
 	 "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS itself)",

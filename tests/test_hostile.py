@@ -243,7 +243,8 @@ def test_mmap():
 
 def test_zstdcli():
     """Files the zstd CLI writes with the options users pass: all served
-    byte for byte, big windows included (up to zstd -d's default)."""
+    byte for byte, big windows included (up to zstd -d's default, or
+    max_window=)."""
     require_root_fuse()
     with tmpdir() as d:
         src, dst = d + "/src", d + "/dst"
@@ -291,6 +292,28 @@ def test_zstdcli():
                   "no message for dict.zst: %r" % out)
             check("nodictid.zst: the frame at offset 0 does not decode" in out,
                   "no message for nodictid.zst: %r" % out)
+        # max_window=: a frame that needs a bigger window is refused, said
+        # with the option that lifts it; the others read
+        with Mount(dst, d + "/mnt", "budget=64M,max_window=16M") as m:
+            for name in ("long24", "plain", "piped"):
+                check(read_all(d + "/mnt/" + name) == data,
+                      "content of " + name + " at max_window=16M")
+            try:
+                read_all(d + "/mnt/long27")
+                fail("long27 read at max_window=16M")
+            except OSError as e:
+                check(e.errno == errno.EIO, "long27 at max_window=16M: %s" % e)
+            check("long27.zst: frame at offset 0 needs a 24 MiB window, over the "
+                  "limit of 16 MiB (zfolio -o max_window=SIZE)" in m.output(),
+                  "no message for long27.zst: %r" % m.output())
+        r = subprocess.run([ZFOLIO, dst, d + "/mnt", "-o", "max_window=3G"],
+                           capture_output=True, text=True)
+        check(r.returncode != 0 and "max_window: '3G' (a size from 1M to 2G)" in r.stderr,
+              "max_window=3G: %r" % r.stderr)
+        r = subprocess.run([ZFOLIOCTL, "inspect", dst + "/long27.zst", "--max-window",
+                            "16M"], capture_output=True, text=True)
+        check(r.returncode != 0 and "over the limit of 16 MiB" in r.stderr,
+              "inspect --max-window 16M: %r" % r.stderr)
         # given the dictionary (dict=), its files are served, big (streamed)
         # and small (decoded whole), read in turn with files that name none
         # on one worker; a file that does not say its dictionary still not

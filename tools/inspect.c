@@ -57,6 +57,17 @@ static void find_seek_table(int fd, struct inspected *in)
 	in->table_off = in->idx.file_size - in->table_size;
 }
 
+/* --max-window, as zfolio's max_window=: 1M to 2G. */
+static void set_window_max(const char *arg)
+{
+	uint64_t bytes;
+
+	if (parse_size(arg, &bytes, false) || bytes < (1u << 20) ||
+	    bytes > ZSEEK_LARGEST_WINDOW)
+		die("bad --max-window '%s' (a size from 1M to 2G)", arg);
+	zseek_set_window_max(bytes);
+}
+
 /* Index the file as the daemon would; exits with the parser's message. */
 static void inspect_file(const char *file, struct inspected *in)
 {
@@ -70,6 +81,8 @@ static void inspect_file(const char *file, struct inspected *in)
 		die("%s: not a regular file", file);
 	memset(in, 0, sizeof(*in));
 	in->file = file;
+	if (opt.max_window)
+		set_window_max(opt.max_window);
 	if (zseek_dict_load(opt.dict, err, sizeof(err)))
 		die("--dict %s", err);
 	if (zseek_index_build(zseek_pread_fd, &fd, (uint64_t)st.st_size, true,

@@ -7,7 +7,7 @@
  *   zfolioctl set MNT KEY VALUE [--group G]     KEY: max, high
  *   zfolioctl reclaim MNT SIZE [--group G]
  *   zfolioctl groups MNT [--group G]
- *   zfolioctl inspect FILE.zst [--json] [--dict D]
+ *   zfolioctl inspect FILE.zst [--json] [--dict D] [--max-window SIZE]
  *
  * This file holds main(), the options, the usage and the command table;
  * the mount commands are in control.c, inspect in inspect.c.
@@ -77,6 +77,9 @@ static void usage(FILE *out)
 		"  --dict D       inspect: zstd dictionaries its frames name "
 		"(files, ':'\n"
 		"                 between them), as zfolio -o dict=D\n"
+		"  --max-window W inspect: the largest window a frame "
+		"may need (default\n"
+		"                 128M, up to 2G), as zfolio -o max_window=W\n"
 		"  -V, --version  print the version and exit\n"
 		"  -h, --help     this help\n");
 }
@@ -98,6 +101,7 @@ static const struct option longopts[] = {
 	{"ctl", required_argument, NULL, 'c'},
 	{"interval", required_argument, NULL, 'i'},
 	{"dict", required_argument, NULL, 'D'},
+	{"max-window", required_argument, NULL, 'W'},
 	{"version", no_argument, NULL, 'V'},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
@@ -124,6 +128,9 @@ static void parse_options(int argc, char **argv)
 			break;
 		case 'D':
 			opt.dict = optarg;
+			break;
+		case 'W':
+			opt.max_window = optarg;
 			break;
 		case 'V':
 			printf("%s %s\n", progname, ZF_VERSION);

@@ -18,6 +18,7 @@ extern const char *progname;
 struct ctl_options {
 	const char *ctl, *group; /* the control directory's name; a group */
 	const char *dict;	 /* inspect's dictionaries, as zfolio's dict= */
+	const char *max_window;	 /* inspect's, as zfolio's max_window= */
 	bool json;
 	double interval; /* stat's, in seconds; 0 for none */
 };
