@@ -49,6 +49,9 @@ enum folio_flag {
 	FOLIO_SPECULATIVE,/* brought in by readahead, not by a demand read */
 	FOLIO_ON_LRU,     /* on its group's LRU lists */
 	FOLIO_SPARED,     /* reclaim gave it a second chance (referenced) */
+	FOLIO_PIECE,      /* a piece of a frame decodable only from its start
+			   * (set by the fill): evicted, the frame is decoded
+			   * again up to it, so the kernel tier gives first */
 	FOLIO_NR_CACHE_FLAGS
 };
 

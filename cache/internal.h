@@ -33,7 +33,7 @@ void lru_group_fini(struct group *g, void *priv);
 int lru_insert(struct folio *f);
 void lru_activate(struct folio *f);
 unsigned long lru_shrink(struct group *g, unsigned long nr,
-			 unsigned long *scanned, bool spare_unread);
+			 unsigned long *scanned, bool spare);
 bool lru_remove(struct folio *f);
 unsigned long lru_pages(struct group *g);
 

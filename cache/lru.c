@@ -232,12 +232,13 @@ static bool inactive_ready(struct lru *l, struct group *g, bool stuck)
 }
 
 /*
- * Evict up to nr pages from the inactive tail; spare_unread passes over
- * readahead not read yet (rotated like a locked folio), for a caller that
- * has another tier to take from first.
+ * Evict up to nr pages from the inactive tail; spare passes over readahead
+ * not read yet and pieces of frames decodable only from their start
+ * (rotated like a locked folio), for a caller that has another tier to
+ * take from first.
  */
 unsigned long lru_shrink(struct group *g, unsigned long nr,
-			 unsigned long *scanned, bool spare_unread)
+			 unsigned long *scanned, bool spare)
 {
 	struct lru *l = g->lru;
 	struct folio *freed = NULL, *f;
@@ -252,8 +253,9 @@ unsigned long lru_shrink(struct group *g, unsigned long nr,
 		*scanned += f->nr_pages;
 		if (keep_referenced(l, g, f))
 			continue;
-		if ((spare_unread && folio_test(f, FOLIO_SPECULATIVE) &&
-		     !folio_test(f, FOLIO_ACCESSED)) ||
+		if ((spare && ((folio_test(f, FOLIO_SPECULATIVE) &&
+				!folio_test(f, FOLIO_ACCESSED)) ||
+			       folio_test(f, FOLIO_PIECE))) ||
 		    folio_test(f, FOLIO_LOCKED) || !folio_freeze(f)) {
 			cds_list_move(&f->lru, &l->inactive); /* rotate */
 			rotated += f->nr_pages;

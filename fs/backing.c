@@ -547,6 +547,7 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 	if (atomic_load(&f->table_lies))
 		return -EBADMSG;
 	if (zfile_slot_split(f, slot)) {
+		folio_set(fo, FOLIO_PIECE);
 		err = zfile_read_split(f, slot, fo->data, fo->len, fo->group);
 	} else {
 		err = run_wait(f, io, io->run[i]);

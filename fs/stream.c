@@ -200,6 +200,7 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 
 		if (!p)
 			continue; /* cached, or no room: decoded in passing */
+		folio_set(p, FOLIO_PIECE);
 		r = zseek_stream_read(&z->s, zfile_read_cb, f, &f->idx, frame,
 				      f->slot_skip[j], p->data, p->len);
 		cache_pass_over_end(p, r);

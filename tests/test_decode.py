@@ -249,16 +249,6 @@ def test_buffers():
                   "buffer_pool %d over its bound %d" % (st["buffer_pool"], bound))
 
 
-def plain_zst(d, data, level, name="f"):
-    """data as the zstd CLI writes it at level (one frame), as
-    d/cli/NAME.zst: a tree of foreign files to mount."""
-    os.makedirs(d + "/cli", exist_ok=True)
-    with open(d + "/plain", "wb") as f:
-        f.write(data)
-    subprocess.run(["zstd", "-q", "-f", "-%d" % level, d + "/plain", "-o",
-                    "%s/cli/%s.zst" % (d, name)], check=True)
-
-
 def test_passover():
     """A plain zstd file (one 24 MiB frame, served in 1 MiB pieces, decoded
     from its start) read backwards a page per piece: the pieces the decoder

@@ -5,7 +5,7 @@ front, inside the budget.  What the mount holds is measured from outside:
 zfolio's folios (memory.stat "file") plus the page-cache pages of every
 file (fincore).
 
-    test_ktier.py budget | window | limits | refaults | handover | direct
+    test_ktier.py budget | window | limits | refaults | handover | direct | pieces
 """
 import mmap
 import os
@@ -410,6 +410,34 @@ def test_direct():
             check(st["kernel_fills"] == 0, "O_DIRECT reads counted as fills")
             check(st["decoder_restarts"] <= 4,
                   "%d decoder restarts for two passes" % st["decoder_restarts"])
+
+
+def test_pieces():
+    """A plain zstd file (one 48 MiB frame, served in 1 MiB pieces that its
+    decoder yields only in order) read through once at budget=16M: the
+    kernel's 128 KiB fills take each piece in eight parts, and a piece
+    partly handed over is kept before the tier's pages, so the decoder never
+    starts the frame over (it did 10-26 times, decoding up to 13 times the
+    file to get back).  Every byte right, the budget kept."""
+    require_root_fuse()
+    with tmpdir() as d:
+        data = text_bytes(48 * MIB, 21)
+        plain_zst(d, data, 3)
+        with Mount(d + "/cli", d + "/mnt", "cache=kernel,budget=16M") as m:
+            with open(d + "/mnt/f", "rb") as f:
+                for off in range(0, len(data), 32 << 10):
+                    check(f.read(32 << 10) == data[off:off + (32 << 10)],
+                          "at %d" % off)
+            st = m.stat()
+            print("48 MiB in one frame at budget=16M: %d restarts, %.0f MiB decoded "
+                  "to get past, %.1f MiB evicted from the tier, peak %s" % (
+                      st["decoder_restarts"], st["decoder_skipped_bytes"] / MIB,
+                      st["kernel_evicted"] * 4096 / MIB, m.ctl("memory.peak")))
+            check(st["decoder_restarts"] == 0 and st["decoder_skipped_bytes"] == 0,
+                  "%d restarts, %d bytes decoded to get past" % (
+                      st["decoder_restarts"], st["decoder_skipped_bytes"]))
+            check(st["kernel_evicted"] > 0, "the tier was never pressed")
+            check(int(m.ctl("memory.peak")) <= 16 * MIB, "over the budget")
 
 
 if __name__ == "__main__":

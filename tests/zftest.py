@@ -67,6 +67,16 @@ def text_bytes(n, seed):
     return bytes(out[:n])
 
 
+def plain_zst(d, data, level, name="f"):
+    """data as the zstd CLI writes it at level (one frame), as
+    d/cli/NAME.zst: a tree of foreign files to mount."""
+    os.makedirs(d + "/cli", exist_ok=True)
+    with open(d + "/plain", "wb") as f:
+        f.write(data)
+    subprocess.run(["zstd", "-q", "-f", "-%d" % level, d + "/plain", "-o",
+                    "%s/cli/%s.zst" % (d, name)], check=True)
+
+
 def rand_bytes(n, seed):
     return random.Random(seed).randbytes(n)
 
