@@ -85,9 +85,15 @@ static int read_header(const char *p, size_t len, void *arg)
 	    v[2] > UINT32_MAX)
 		return -EPROTO;
 	mf->xattrs = v[0] == ZMF_VERSION_XATTRS;
-	if (mf->xattrs && header_text(line, n, "xattrs", &xattrs, &xlen) &&
-	    !(mf->root_xattrs = strndup(xattrs, xlen)))
-		return -ENOMEM;
+	/* its bytes as they are, a NUL among them too (strndup would stop
+	 * there, short of xlen): the field's parser judges them */
+	if (mf->xattrs && header_text(line, n, "xattrs", &xattrs, &xlen)) {
+		mf->root_xattrs = malloc(xlen + 1);
+		if (!mf->root_xattrs)
+			return -ENOMEM;
+		memcpy(mf->root_xattrs, xattrs, xlen);
+		mf->root_xattrs[xlen] = '\0';
+	}
 	mf->root_xlen = mf->root_xattrs ? xlen : 0;
 	mf->nentries = v[1];
 	mf->ndata = (uint32_t)v[2];
