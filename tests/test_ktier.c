@@ -565,6 +565,47 @@ static void test_folios_pressed(void)
 }
 
 /*
+ * Pieces of a frame decodable only from its start are pressed after the
+ * tier: the same folios as above marked so, a pass of 64 pages takes them
+ * all from the tier; with the tier gone, the budget still holds, and the
+ * pieces go too.
+ */
+static void test_pieces_spared(void)
+{
+	struct cache c;
+	struct group *g = &c.budget.root;
+	struct sink s = {.buf = malloc(1 << 20)};
+	unsigned long kt;
+
+	cache_thread_register();
+	start(&c, 4096);
+	struct mapping *m = fake_mapping(&c, 8 * FOLIO);
+	struct ra_request *r = calloc(1, sizeof(*r));
+
+	for (uint64_t pos = 0; pos < (4 << 20); pos += 128 << 10)
+		fill(&c, g, 1, pos, 128 << 10);
+	for (uint64_t i = 0; i < 8; i++) {
+		tiered_fill(r, m, i * FOLIO + 4096, 4096, &s);
+		folio_set(folio_lookup(m, i), FOLIO_PIECE);
+	}
+	CHECK_EQ(stat_read(g, STAT_FILE), 8 * 32);
+	kt = ktier_pages(g);
+	CHECK_EQ(reclaim_proactive(g, 64), 0);
+	CHECK_EQ(stat_read(g, STAT_FILE), 8 * 32);
+	CHECK(ktier_pages(g) <= kt - 64);
+	kt = ktier_pages(g);
+	CHECK_EQ(reclaim_proactive(g, kt + 32), 0);
+	CHECK_EQ(ktier_pages(g), 0);
+	CHECK(stat_read(g, STAT_FILE) <= 8 * 32 - 32);
+	cache_quiescent();
+	mapping_put(m);
+	free(r);
+	stop(&c);
+	cache_thread_unregister();
+	free(s.buf);
+}
+
+/*
  * Readahead not read yet goes last when the tier cannot give (its fills in
  * flight): a folio read twice is spared once by its reference, and the
  * folio behind it on the LRU was a stream's next window, evicted unread.
@@ -708,6 +749,7 @@ int main(void)
 	RUN(test_hand_over);
 	RUN(test_tier_holds_rest);
 	RUN(test_folios_pressed);
+	RUN(test_pieces_spared);
 	RUN(test_unread_spared);
 	RUN(test_storm);
 	return check_done();
