@@ -417,7 +417,7 @@ def test_pieces():
     decoder yields only in order) read through once at budget=16M: the
     kernel's 128 KiB fills take each piece in eight parts, and a piece
     partly handed over is kept before the tier's pages, so the decoder never
-    starts the frame over (it did 10-26 times, decoding up to 13 times the
+    starts the frame over (it did 11-13 times, decoding about 8 times the
     file to get back).  Every byte right, the budget kept."""
     require_root_fuse()
     with tmpdir() as d:
