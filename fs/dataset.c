@@ -594,7 +594,8 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 	fd_cache_init(&ds->fds, opt->max_open);
 	CDS_INIT_LIST_HEAD(&ds->streams.lru);
 	CDS_INIT_LIST_HEAD(&ds->handles);
-	/* before any file is indexed: frames that name one need it */
+	/* before any file is indexed: the windows frames may need, and the
+	 * dictionaries they may name */
 	zseek_set_window_max(opt->max_window);
 	snprintf(err, errlen, "dict=");
 	r = zseek_dict_load(opt->dict, err + strlen(err), errlen - strlen(err));
