@@ -48,12 +48,16 @@
 static unsigned long cache_shrink(struct group *g, unsigned long nr,
 				  unsigned long *scanned, void *priv)
 {
+	struct cache *c = priv;
 	unsigned long k = ktier_pages(g), e, nk, got, kscanned = 0, lscanned = 0;
 	long unread;
 
-	(void)priv;
-	if (!k)
-		return lru_shrink(g, nr, scanned, false);
+	if (!k) {
+		got = lru_shrink(g, nr, scanned, false);
+		if (got < nr && g == &c->budget.root)
+			got += ccache_shrink(c, nr - got);
+		return got;
+	}
 	e = lru_pages(g);
 	unread = stat_read(g, STAT_RA_UNREAD);
 	e -= unread <= 0 ? 0 : (unsigned long)unread < e ? (unsigned long)unread
@@ -68,6 +72,8 @@ static unsigned long cache_shrink(struct group *g, unsigned long nr,
 		got += ktier_shrink(g, nr - got, &kscanned, false);
 	if (got < nr) /* the budget holds whatever it costs */
 		got += lru_shrink(g, nr - got, scanned, false);
+	if (got < nr && g == &c->budget.root)
+		got += ccache_shrink(c, nr - got);
 	*scanned += kscanned + lscanned;
 	return got;
 }
@@ -98,13 +104,20 @@ static const struct budget_ops cache_budget_ops = {
 
 int cache_init(struct cache *c, const struct cache_config *cfg)
 {
+	int err;
+
 	c->ra_ops = NULL;
 	c->kt = NULL;
 	c->lockless = cfg->lockless;
 	atomic_init(&c->deferred_pages, 0);
 	fill_pool_init(&c->fills, cfg->fill_threads);
 	buf_pool_init(&c->bufs);
-	return budget_init(&c->budget, &cfg->budget, &cache_budget_ops, c);
+	err = budget_init(&c->budget, &cfg->budget, &cache_budget_ops, c);
+	if (!err && ccache_init(c, cfg->ccache_pct)) {
+		budget_destroy(&c->budget);
+		err = -ENOMEM;
+	}
+	return err;
 }
 
 /* The cache's own threads: the budget's reclaimer (memory.high), fills. */
@@ -131,6 +144,7 @@ void cache_destroy(struct cache *c)
 	budget_stop_reclaimer(&c->budget);
 	cache_barrier();
 	buf_pool_drain(c);
+	ccache_destroy(c);
 	budget_destroy(&c->budget);
 }
 
@@ -155,9 +169,13 @@ struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
 	m->slots = calloc(nr_folios ? nr_folios : 1, sizeof(*m->slots));
 	m->in_kernel = calloc(nr_folios / BITS_PER_WORD + 1,
 			      sizeof(*m->in_kernel));
-	if (!m->slots || !m->in_kernel) {
+	if (ccache_enabled(c))
+		m->seen = calloc(nr_folios / BITS_PER_WORD + 1,
+				 sizeof(*m->seen));
+	if (!m->slots || !m->in_kernel || (ccache_enabled(c) && !m->seen)) {
 		free(m->slots);
 		free(m->in_kernel);
+		free(m->seen);
 		free(m);
 		return NULL;
 	}
@@ -171,6 +189,7 @@ struct mapping *mapping_create(struct cache *c, const struct mapping_ops *ops,
 	atomic_init(&m->nr_cached, 0);
 	atomic_init(&m->refcount, 1);
 	atomic_init(&m->ra_private, NULL);
+	CDS_INIT_LIST_HEAD(&m->ccache);
 	return m;
 }
 
@@ -211,12 +230,14 @@ void mapping_put(struct mapping *m)
 	    1)
 		return;
 	mapping_drop_folios(m, true);
+	ccache_forget(m);
 	if (m->cache->ra_ops && m->cache->ra_ops->mapping_gone)
 		m->cache->ra_ops->mapping_gone(m);
 	if (m->ops && m->ops->release)
 		m->ops->release(m);
 	free(m->slots);
 	free(m->in_kernel);
+	free(m->seen);
 	free(m);
 }
 
@@ -225,6 +246,10 @@ void mapping_invalidate(struct mapping *m)
 {
 	mapping_drop_folios(m, false);
 	mapping_forget_kernel(m);
+	ccache_forget(m);
+	for (unsigned long w = 0; m->seen && w <= m->nr_folios / BITS_PER_WORD;
+	     w++)
+		atomic_store_explicit(&m->seen[w], 0, memory_order_relaxed);
 }
 
 unsigned long mapping_index(const struct mapping *m, uint64_t pos)
@@ -278,6 +303,22 @@ bool mapping_cached(const struct mapping *m, unsigned long index)
 {
 	return index < m->nr_folios &&
 	       atomic_load_explicit(&m->slots[index], memory_order_acquire);
+}
+
+bool mapping_seen(const struct mapping *m, unsigned long index)
+{
+	return m->seen && index < m->nr_folios &&
+	       (atomic_load_explicit(&m->seen[index / BITS_PER_WORD],
+				     memory_order_relaxed) &
+		BIT_OF(index));
+}
+
+bool mapping_see(struct mapping *m, unsigned long index)
+{
+	return m->seen && index < m->nr_folios &&
+	       (atomic_fetch_or_explicit(&m->seen[index / BITS_PER_WORD],
+					 BIT_OF(index), memory_order_relaxed) &
+		BIT_OF(index));
 }
 
 bool mapping_in_kernel(const struct mapping *m, unsigned long index)

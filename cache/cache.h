@@ -171,6 +171,10 @@ struct mapping {
 	/* a bit per folio: evicted after fills had handed all its pages to
 	 * the kernel's page cache, and no fill of it came since */
 	atomic_ulong *in_kernel;
+	/* with the compressed cache: a bit per folio read from backing once
+	 * (ccache.c's admission), and its entries of this mapping */
+	atomic_ulong *seen;
+	struct cds_list_head ccache;
 };
 
 /*
@@ -294,6 +298,18 @@ struct cache_config {
 	struct budget_config budget;
 	bool lockless;
 	unsigned int fill_threads; /* 0: every fill on the worker */
+	unsigned int ccache_pct;   /* the compressed cache's share, or 0 */
+};
+
+/* Compressed frames kept in the budget (ccache.c), under lock. */
+struct ccache_entry;
+struct ccache {
+	pthread_mutex_t lock;
+	struct ccache_entry **buckets; /* NULL: off */
+	unsigned int nbuckets;
+	struct cds_list_head lru; /* oldest first */
+	unsigned long pages;      /* charged to the root group */
+	unsigned int pct;         /* of memory.max, at most */
 };
 
 struct ktier;
@@ -306,6 +322,7 @@ struct cache {
 	atomic_long deferred_pages; /* hot data waiting for a grace period */
 	struct fill_pool fills;
 	struct buf_pool bufs;
+	struct ccache cc;
 };
 
 static inline struct cache *cache_of_group(struct group *g)
@@ -338,6 +355,28 @@ bool mapping_cached(const struct mapping *m, unsigned long index);
  * Read-around passes over such folios: a fault would not reach them.
  */
 bool mapping_in_kernel(const struct mapping *m, unsigned long index);
+/* Folio index of m was read from backing before (the compressed cache's
+ * admission); mapping_see() sets that and says whether it was so. */
+bool mapping_seen(const struct mapping *m, unsigned long index);
+bool mapping_see(struct mapping *m, unsigned long index);
+
+/*
+ * ccache.c: the compressed cache.  ccache_offer() is given a frame's
+ * compressed bytes when its folio was read from backing, and keeps them
+ * from the second time on; ccache_get() copies them out (len must be what
+ * was kept), counted for g; ccache_has() says whether it would.  Off
+ * unless cache_config.ccache_pct is set.
+ */
+int ccache_init(struct cache *c, unsigned int pct);
+void ccache_destroy(struct cache *c);
+bool ccache_enabled(const struct cache *c);
+bool ccache_has(struct mapping *m, unsigned long index);
+bool ccache_get(struct mapping *m, unsigned long index, void *dst,
+		size_t len, struct group *g);
+void ccache_offer(struct mapping *m, unsigned long index, const void *src,
+		  size_t len, struct group *g);
+unsigned long ccache_shrink(struct cache *c, unsigned long nr);
+void ccache_forget(struct mapping *m);
 void mapping_note_fill(struct mapping *m, struct folio *f, uint64_t from,
 		       uint64_t to);
 void mapping_note_evicted(struct folio *f);

@@ -119,6 +119,8 @@ void text_json_string(struct text *t, const char *s);
 	  "windows of stream decoders, for frames served in pieces")           \
 	X(BUF_POOL, "buffer_pool", gauge,                                      \
 	  "idle buffers kept for reuse, not charged (at most 16 MiB)")         \
+	X(CCACHE, "compressed_cache", gauge,                                   \
+	  "frames kept compressed, read from backing twice (ccache_pct)")     \
 	X(PGFAULT, "pgfault", event, "read requests served")                   \
 	X(KERNEL_FILLS, "kernel_fills", event,                                 \
 	  "pages filled into the kernel page cache (cache=kernel)")           \
@@ -160,6 +162,10 @@ void text_json_string(struct text *t, const char *s);
 	  "bytes decoded into folios and uncached copies (not counting "       \
 	  "decoder_skipped_bytes)")                                            \
 	X(CACHE_HITS, "cache_hits", event, "folio lookups that hit")           \
+	X(CCACHE_HITS, "ccache_hits", event,                                   \
+	  "frames decoded from the compressed cache, not read from backing")  \
+	X(CCACHE_STORES, "ccache_stores", event,                               \
+	  "frames kept in the compressed cache")                               \
 	X(CACHE_MISSES, "cache_misses", event, "folio lookups that missed")    \
 	X(LOCKLESS_READS, "lockless_reads", event,                             \
 	  "folio reads without a reference")                                   \

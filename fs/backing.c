@@ -32,6 +32,7 @@
  * budget has no room for it) is read so too.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -87,7 +88,8 @@ struct batch_io {
 	uint8_t *buf; /* from the cache's buffer pool */
 	size_t buf_len;
 	size_t *off;		/* per folio: where its frame starts in buf */
-	unsigned int *run;	/* per folio: its read */
+	unsigned int *run;	/* per folio: its read, or NO_RUN: its frame
+				 * was in the compressed cache */
 	int *err;		/* raw files: per folio, the read's result */
 	struct ring_read *runs; /* reads of adjacent frames */
 	bool *dontcache;	/* per run: it was asked uncached */
@@ -100,6 +102,8 @@ struct batch_io {
 	struct store_read *sreads;
 	struct store_client *client;
 };
+
+#define NO_RUN UINT_MAX
 
 ssize_t backing_pread(struct zfile *f, void *buf, size_t len, uint64_t off)
 {
@@ -290,7 +294,8 @@ static bool batch_frame(struct fill_batch *b, struct zfile *f, unsigned int i,
 	return true;
 }
 
-/* Folios from i on whose frames follow each other in the file: run k. */
+/* Folios from i on whose frames follow each other in the file, up to one
+ * the compressed cache holds: run k. */
 static unsigned int batch_run(struct fill_batch *b, struct zfile *f,
 			      struct batch_io *io, unsigned int i,
 			      unsigned int k, size_t pos)
@@ -304,7 +309,8 @@ static unsigned int batch_run(struct fill_batch *b, struct zfile *f,
 	r->dst = io->buf + pos;
 	r->len = 0;
 	for (j = i; j < b->nr && batch_frame(b, f, j, &fr); j++) {
-		if (fr.c_off != r->off + r->len)
+		if (fr.c_off != r->off + r->len ||
+		    (j > i && ccache_has(f->mapping, b->start + j)))
 			break;
 		io->off[j] = pos + r->len;
 		io->run[j] = k;
@@ -383,6 +389,16 @@ static int zfile_submit(struct fill_batch *b)
 	}
 	for (unsigned int i = 0, j; i < b->nr; i = j) {
 		if (!batch_frame(b, f, i, &fr)) {
+			j = i + 1;
+			continue;
+		}
+		if (ccache_get(f->mapping, b->start + i, io->buf + pos,
+			       fr.c_size, b->folios[i]->group)) {
+			io->off[i] = pos;
+			io->run[i] = NO_RUN;
+			pos += fr.c_size;
+			if (direct) /* the next run's place stays aligned */
+				pos = (pos + DIO_ALIGN - 1) & ~(size_t)(DIO_ALIGN - 1);
 			j = i + 1;
 			continue;
 		}
@@ -550,7 +566,7 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 		folio_set(fo, FOLIO_PIECE);
 		err = zfile_read_split(f, slot, fo->data, fo->len, fo->group);
 	} else {
-		err = run_wait(f, io, io->run[i]);
+		err = io->run[i] == NO_RUN ? 0 : run_wait(f, io, io->run[i]);
 		if (err)
 			return err;
 		dctx = dctx_of();
@@ -559,6 +575,9 @@ static int zfile_fill(struct fill_batch *b, unsigned int i)
 		fr = zseek_frame_at(&f->idx, zfile_slot_frame(f, slot));
 		err = zseek_decode_frame(dctx, &fr, f->idx.has_checksum,
 					 io->buf + io->off[i], fo->data);
+		if (!err && io->run[i] != NO_RUN)
+			ccache_offer(f->mapping, slot, io->buf + io->off[i],
+				     fr.c_size, fo->group);
 	}
 	return zfile_said_if_corrupt(f, slot, err);
 }
@@ -686,10 +705,27 @@ static int read_one_folio(struct zfile *f, struct mapping *m,
 		return zfile_read_split(f, index, buf, len, NULL);
 	fr = zseek_frame_at(&f->idx, zfile_slot_frame(f, index));
 	dctx = dctx_of();
-	r = dctx ? frame_read(f, &fr, g, &io, &io_len, &src) : -ENOMEM;
+	if (!dctx)
+		return -ENOMEM;
+	if (ccache_has(m, index)) {
+		io_len = fr.c_size;
+		io = src = cache_buf_get(m->cache, io_len);
+		if (io && ccache_get(m, index, src, fr.c_size, g)) {
+			r = zseek_decode_frame(dctx, &fr, f->idx.has_checksum,
+					       src, buf);
+			cache_buf_put(m->cache, io, io_len);
+			return r;
+		}
+		cache_buf_put(m->cache, io, io_len);
+		io = NULL;
+		io_len = 0;
+	}
+	r = frame_read(f, &fr, g, &io, &io_len, &src);
 	if (!r)
 		r = zseek_decode_frame(dctx, &fr, f->idx.has_checksum, src,
 				       buf);
+	if (!r)
+		ccache_offer(m, index, src, fr.c_size, g);
 	cache_buf_put(m->cache, io, io_len);
 	return r;
 }

@@ -541,6 +541,7 @@ static int start_engine(struct dataset *ds, const struct options *opt)
 		},
 		.lockless = opt->lockless,
 		.fill_threads = opt->decode_threads,
+		.ccache_pct = options_ccache_pct(opt),
 	};
 	struct ra_config rc = {
 		.ra_pages = opt->ra_kb / 4,

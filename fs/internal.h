@@ -52,6 +52,7 @@ struct options {
 	enum backing_io backing_io;
 	enum transport transport;
 	unsigned int uring_poll_us;
+	unsigned int ccache_pct; /* OPT_UINT_AUTO: by where the dataset is */
 	enum ra_reclaim_mode ra_reclaim;
 	enum group_by group_by;
 	bool lockless;
@@ -89,6 +90,7 @@ void opt_value_range(const struct opt_desc *d, char *out, size_t len);
 void opt_value_hint(const struct opt_desc *d, char *out, size_t len);
 void options_defaults(struct options *o);
 unsigned int options_kernel_ra_kb(const struct options *o);
+unsigned int options_ccache_pct(const struct options *o);
 unsigned int options_ra_kb(const struct options *o);
 void options_usage(FILE *out, const char *progname);
 /* fuse_session_new(), saying an unknown option as zfolio's (progname) */

@@ -82,6 +82,14 @@ const struct opt_desc opt_table[] = {
 	 "kernel readahead), so they take no memory outside the budget; "
 	 "keep: let the kernel cache them",
 	 backing_modes, 0, 0},
+	{"ccache_pct", OPT_UINT, OFF(ccache_pct), "auto",
+	 "the share of the budget, in percent, that may keep frames "
+	 "compressed once they were read from backing twice (the compressed "
+	 "cache: a random reader of more than the budget holds then decodes "
+	 "them again instead of reading them again); auto is 50 for a "
+	 "dataset in a store, where every read is a request, and 0 (off) on "
+	 "local disk",
+	 NULL, 0, 90},
 	{"backing_io", OPT_ENUM, OFF(backing_io), "uring",
 	 "backing reads: one io_uring submission per window (uring), or "
 	 "plain pread (for valgrind)",
@@ -322,6 +330,14 @@ int opt_apply(struct options *o, const struct opt_desc *d, const char *val)
 		return apply_text(p, val);
 	}
 	return -EINVAL;
+}
+
+/* ccache_pct, auto resolved: 50 for a dataset in a store, else 0. */
+unsigned int options_ccache_pct(const struct options *o)
+{
+	if (o->ccache_pct != OPT_UINT_AUTO)
+		return o->ccache_pct;
+	return o->dataset && store_is_url(o->dataset) ? 50 : 0;
 }
 
 /* kernel_ra_kb, auto resolved: KiB of the kernel's readahead window. */

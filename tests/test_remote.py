@@ -3,7 +3,7 @@
 """Datasets in object storage: a packed dataset served over HTTP by nginx
 and over S3 by a single-node Ceph RADOS Gateway, read through zfolio.
 
-    test_remote.py http | https | faults | changed | errors | s3
+    test_remote.py http | https | faults | changed | ccache | errors | s3
 """
 import hashlib
 import os
@@ -303,6 +303,67 @@ def test_changed():
                 check(n["changed"] > 0, "changed not counted: %r" % n)
             check("changed in the store" in m.output(),
                   "not logged: " + m.output()[-1000:])
+
+
+def random_passes(m, rel, data, span, passes, seed):
+    """passes rounds of 400 random 64 KiB preads in data's first span
+    bytes, the same offsets each round: the store's requests of each."""
+    rnd = random.Random(seed)
+    offs = [rnd.randrange(span - 65536) for _ in range(400)]
+    sent = []
+    fd = os.open(os.path.join(m.mnt, rel), os.O_RDONLY)
+    try:
+        for _ in range(passes):
+            before = store_counts(m)["requests"]
+            for off in offs:
+                check(os.pread(fd, 65536, off) == data[off:off + 65536],
+                      "%s at %d differs" % (rel, off))
+            sent.append(store_counts(m)["requests"] - before)
+    finally:
+        os.close(fd)
+    return sent
+
+
+def test_ccache():
+    """Random reads of more than the budget holds, again and again: with
+    the compressed cache (on by default for a store) the frames read a
+    second time are kept compressed and decoded again, so the later
+    rounds send a fraction of the requests they send without it; every
+    byte right, and the budget held, a stream beside them too."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, www, files = packed_dataset(d)
+        rel = "big/text0.log"
+        data = files[rel]
+        with stores.Nginx(www) as web:
+            sent = {}
+            for opts in ("budget=6M,ccache_pct=0", "budget=6M"):
+                with Mount(web.url + "ds/", d + "/mnt", opts) as m:
+                    sent[opts] = random_passes(m, rel, data, 10 * MIB, 3, 7)
+                    st = m.stat()
+                    check(int(m.ctl("memory.peak")) <= 6 * MIB,
+                          "%s: peak %s" % (opts, m.ctl("memory.peak")))
+                    print("%s: requests by round %r, ccache_hits %d, "
+                          "compressed_cache %d" % (opts, sent[opts],
+                                                   st["ccache_hits"],
+                                                   st["compressed_cache"]))
+                    if "ccache_pct=0" in opts:
+                        check(st["ccache_hits"] == 0 and
+                              st["compressed_cache"] == 0, "off: %r" % st)
+                        continue
+                    check(st["ccache_hits"] > 0 and
+                          0 < st["compressed_cache"] <= 3 * MIB,
+                          "on: %r" % st)
+                    # a stream beside them: reclaim makes its room, from
+                    # the compressed cache too, and the budget holds
+                    with open(os.path.join(m.mnt, "big/text1.log"), "rb") as f:
+                        check(f.read() == files["big/text1.log"], "text1")
+                    check(int(m.ctl("memory.peak")) <= 6 * MIB,
+                          "after a stream: peak %s" % m.ctl("memory.peak"))
+            off, on = sent["budget=6M,ccache_pct=0"], sent["budget=6M"]
+            check(off[2] > 100 and on[2] * 3 < off[2],
+                  "third round: %d requests with the compressed cache, %d "
+                  "without" % (on[2], off[2]))
 
 
 def test_errors():
