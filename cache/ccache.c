@@ -31,9 +31,9 @@
 #include "internal.h"
 
 struct ccache_entry {
-	struct ccache_entry *next;   /* in its hash bucket */
-	struct cds_list_head lru;    /* the cache's, oldest first */
-	struct cds_list_head mlink;  /* its mapping's */
+	struct ccache_entry *next;  /* in its hash bucket */
+	struct cds_list_head lru;   /* the cache's, oldest first */
+	struct cds_list_head mlink; /* its mapping's */
 	const struct mapping *mapping;
 	unsigned long index;
 	size_t len;
@@ -92,8 +92,8 @@ static unsigned long share_pages(struct cache *c)
 
 static void unlink_entry(struct ccache *cc, struct ccache_entry *e)
 {
-	struct ccache_entry **p = &cc->buckets[bucket_of(cc, e->mapping,
-							  e->index)];
+	struct ccache_entry **p =
+	    &cc->buckets[bucket_of(cc, e->mapping, e->index)];
 
 	while (*p != e)
 		p = &(*p)->next;
@@ -162,8 +162,8 @@ bool ccache_has(struct mapping *m, unsigned long index)
 	return has;
 }
 
-bool ccache_get(struct mapping *m, unsigned long index, void *dst,
-		size_t len, struct group *g)
+bool ccache_get(struct mapping *m, unsigned long index, void *dst, size_t len,
+		struct group *g)
 {
 	struct ccache *cc = &m->cache->cc;
 	struct ccache_entry *e;
