@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: MIT
 """Decode tests: raw data read in part, windows decoded on every core,
 buffers reused, big frames decoded once, a decoder per reader, and
-within a share of the budget.
+within a share of the budget; frames read twice kept compressed.
 
     test_decode.py parts | parallel | buffers | passover | streams | windows
+                   | ccache
 """
 import errno
 import os
@@ -378,6 +379,54 @@ def test_windows():
             check("the budget cannot hold a 16 MiB decoder window" in m.output(),
                   "the message: %r" % m.output())
             check(int(m.ctl("memory.peak")) <= 8 << 20, "over the budget")
+
+
+def test_ccache():
+    """The compressed cache on local disk (ccache_pct=, off by default
+    there): random reads of a working set twice the budget, three rounds,
+    with O_DIRECT backing reads on the ring and with plain preads, and the
+    kernel tier or zfolio's cache alone: every byte right; off, nothing
+    is kept; on, the last round reads a fraction of the bytes from disk it
+    reads without it, and the budget holds."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, dst, mnt = d + "/src", d + "/ds", d + "/mnt"
+        os.makedirs(src)
+        data = text_bytes(24 << 20, 21)
+        with open(src + "/t", "wb") as f:
+            f.write(data)
+        pack(src, dst)
+        rnd = random.Random(5)
+        offs = [rnd.randrange(len(data) - 65536) for _ in range(300)]
+        for extra in (",cache=engine", ",backing_io=pread", ""):
+            disk = {}
+            for pct in (0, 60):
+                opts = "budget=8M,ccache_pct=%d%s" % (pct, extra)
+                with Mount(dst, mnt, opts) as m:
+                    with open(mnt + "/t", "rb") as f:
+                        for rnd_no in range(3):
+                            before = m.stat()["backing_bytes"]
+                            for off in offs:
+                                check(os.pread(f.fileno(), 65536, off) ==
+                                      data[off:off + 65536],
+                                      "%s: at %d" % (opts, off))
+                    st = m.stat()
+                    disk[pct] = st["backing_bytes"] - before
+                    check(int(m.ctl("memory.peak")) <= 8 << 20,
+                          "%s: peak %s" % (opts, m.ctl("memory.peak")))
+                    print("%s: last round %d bytes from disk, ccache_hits "
+                          "%d, compressed_cache %d" % (
+                              opts, disk[pct], st["ccache_hits"],
+                              st["compressed_cache"]))
+                    if pct:
+                        check(st["ccache_hits"] > 0 and
+                              0 < st["compressed_cache"] <= (8 << 20) * 6 // 10,
+                              "%s: %r" % (opts, st))
+                    else:
+                        check(st["ccache_stores"] == 0, "off: %r" % st)
+            check(disk[0] > 1 << 20 and disk[60] * 4 < disk[0],
+                  "%s: last round read %d bytes with the compressed cache, "
+                  "%d without" % (extra, disk[60], disk[0]))
 
 
 if __name__ == "__main__":
