@@ -45,6 +45,28 @@
  */
 #define FOLIO_TIER_WEIGHT 32
 
+/*
+ * The compressed cache's part of a pass at g, after the folios of both
+ * tiers gave got of nr: entries are charged to the root, so only its turn
+ * takes them, and only what the groups below it could not give (their
+ * folios come first, and their turns in the same walk take them).
+ */
+static unsigned long ccache_turn(struct cache *c, struct group *g,
+				 unsigned long nr, unsigned long got)
+{
+	long below;
+
+	if (g != &c->budget.root || got >= nr)
+		return 0;
+	/* the subtree's pages (the root's counts are hierarchical) less its
+	 * own lists' */
+	below = stat_read(g, STAT_FILE) + stat_read(g, STAT_KERNEL_FILE) -
+		(long)lru_pages(g) - (long)ktier_pages(g);
+	if (below > (long)(nr - got))
+		return 0;
+	return ccache_shrink(c, nr - got);
+}
+
 static unsigned long cache_shrink(struct group *g, unsigned long nr,
 				  unsigned long *scanned, void *priv)
 {
@@ -54,9 +76,7 @@ static unsigned long cache_shrink(struct group *g, unsigned long nr,
 
 	if (!k) {
 		got = lru_shrink(g, nr, scanned, false);
-		if (got < nr && g == &c->budget.root)
-			got += ccache_shrink(c, nr - got);
-		return got;
+		return got + ccache_turn(c, g, nr, got);
 	}
 	e = lru_pages(g);
 	unread = stat_read(g, STAT_RA_UNREAD);
@@ -72,8 +92,7 @@ static unsigned long cache_shrink(struct group *g, unsigned long nr,
 		got += ktier_shrink(g, nr - got, &kscanned, false);
 	if (got < nr) /* the budget holds whatever it costs */
 		got += lru_shrink(g, nr - got, scanned, false);
-	if (got < nr && g == &c->budget.root)
-		got += ccache_shrink(c, nr - got);
+	got += ccache_turn(c, g, nr, got);
 	*scanned += kscanned + lscanned;
 	return got;
 }

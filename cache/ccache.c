@@ -208,12 +208,16 @@ void ccache_offer(struct mapping *m, unsigned long index, const void *src,
 		evict_oldest(cc, cc->pages + pages - share, &gone);
 	pthread_mutex_unlock(&cc->lock);
 	free_list(c, &gone);
-	/* never under the lock: the charge may reclaim, and reclaim ends
-	 * here (ccache_shrink) */
+	/* never under the lock: reclaim ends here (ccache_shrink).  An entry
+	 * is worth one reclaim pass, not a demand charge's retries and waits
+	 * (the fill's folio is locked meanwhile, and a bounce read came from a
+	 * demand charge that just failed) */
 	e = malloc(sizeof(*e) + len);
 	if (!e)
 		return;
-	if (charge_demand(&c->budget.root, pages)) {
+	if (charge_nowait(&c->budget.root, pages) &&
+	    (reclaim_pass(&c->budget.root, pages, false),
+	     charge_nowait(&c->budget.root, pages))) {
 		free(e);
 		return;
 	}

@@ -398,8 +398,8 @@ static int zfile_submit(struct fill_batch *b)
 			io->run[i] = NO_RUN;
 			pos += fr.c_size;
 			if (direct) /* the next run's place stays aligned */
-				pos = (pos + DIO_ALIGN - 1) &
-				      ~(size_t)(DIO_ALIGN - 1);
+				pos += -(uintptr_t)(io->buf + pos) &
+				       (DIO_ALIGN - 1);
 			j = i + 1;
 			continue;
 		}

@@ -2,8 +2,9 @@
 /*
  * The compressed cache (cache/ccache.c): a frame's bytes are kept from its
  * second read from backing on, never the first; they come back exact; its
- * share of the budget holds, oldest out first; reclaim, a lower memory.max,
- * an invalidated mapping and the mapping's end give everything back; and
+ * share of the budget holds, oldest out first; reclaim takes them after
+ * every group's folios; a lower memory.max, an invalidated mapping and the
+ * mapping's end give everything back; and
  * readers, writers and reclaim at once under TSan.
  */
 #include <pthread.h>
@@ -25,8 +26,11 @@ static void setup_cc(struct cache *c, unsigned long budget_pages,
 		.ccache_pct = pct,
 	};
 
+	struct ra_config rc = {.ra_pages = 32, .reclaim = RA_RECLAIM_BATCH};
+
 	CHECK_EQ(cache_init(c, &cfg), 0);
 	CHECK_EQ(cache_start(c), 0);
+	readahead_init(c, &rc);
 }
 
 static void frame_bytes(uint8_t *b, unsigned long index, size_t len)
@@ -156,6 +160,53 @@ static void test_share_and_reclaim(void)
 	cache_destroy(&c);
 }
 
+/*
+ * With child groups the root's own lists are empty, but its turn in a
+ * reclaim walk still comes: entries go only once the children's folios
+ * cannot give what is asked.
+ */
+static void test_children_first(void)
+{
+	struct cache c;
+	struct mapping *m, *data;
+	struct group *child;
+	struct file_ra_state ra;
+	struct sink s = {.buf = malloc(1 << 20)};
+	long kept, before;
+
+	cache_thread_register();
+	setup_cc(&c, 800, 25); /* a share of 200 pages */
+	m = fake_mapping(&c, 64 * FOLIO);
+	for (unsigned long i = 0; i < 40; i++) {
+		offer(m, i);
+		offer(m, i);
+	}
+	kept = held(&c);
+	CHECK(kept >= 100);
+	child = group_lookup_or_create(&c.budget, &c.budget.root, "reader");
+	CHECK(child != NULL);
+	data = fake_mapping(&c, 64 * FOLIO);
+	file_ra_init(&ra, 32);
+	for (uint64_t pos = 0; pos < 16 * FOLIO; pos += 65536)
+		CHECK_EQ(read_at(data, &ra, child, pos, 65536, &s), 0);
+	before = stat_read(child, STAT_FILE);
+	CHECK(before >= 200);
+	/* passes that start at each group in turn: the child's folios go */
+	for (int i = 0; i < 6; i++)
+		CHECK_EQ(reclaim_proactive(&c.budget.root, 20), 0);
+	CHECK_EQ(held(&c), kept);
+	CHECK(stat_read(child, STAT_FILE) <= before - 100);
+	/* more than the folios hold: then the entries too */
+	reclaim_proactive(&c.budget.root, 800);
+	CHECK(held(&c) < kept);
+	file_ra_destroy(&ra);
+	mapping_put(data);
+	mapping_put(m);
+	cache_thread_unregister();
+	cache_destroy(&c);
+	free(s.buf);
+}
+
 static void test_off(void)
 {
 	struct cache c;
@@ -241,6 +292,7 @@ int main(void)
 {
 	RUN(test_second_read_kept);
 	RUN(test_share_and_reclaim);
+	RUN(test_children_first);
 	RUN(test_off);
 	RUN(test_storm);
 	return check_done();
