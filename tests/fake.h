@@ -108,24 +108,41 @@ static inline int sink_reply(void *arg, const struct iovec *iov, int cnt)
 	return 0;
 }
 
-static inline void setup_ra(struct cache *c, unsigned long budget_pages,
-		     bool lockless, unsigned long ra_pages,
-		     enum ra_reclaim_mode mode)
+/* A cache of budget_pages and no other limit, for the setups below. */
+static inline struct cache_config fake_config(unsigned long budget_pages)
 {
 	struct cache_config cfg = {
 		.budget = {.max_pages = budget_pages,
 			   .high_pages = COUNTER_MAX,
 			   .group_max_pages = COUNTER_MAX,
 			   .group_high_pages = COUNTER_MAX},
-		.lockless = lockless,
 	};
 
-	cfg.budget.reclaim_headroom = mode == RA_RECLAIM_BATCH;
+	return cfg;
+}
+
+/* The cache as cfg says, started, with readahead of ra_pages. */
+static inline void setup_config(struct cache *c,
+				const struct cache_config *cfg,
+				unsigned long ra_pages,
+				enum ra_reclaim_mode mode)
+{
 	struct ra_config rc = {.ra_pages = ra_pages, .reclaim = mode};
 
-	CHECK_EQ(cache_init(c, &cfg), 0);
+	CHECK_EQ(cache_init(c, cfg), 0);
 	CHECK_EQ(cache_start(c), 0);
 	readahead_init(c, &rc);
+}
+
+static inline void setup_ra(struct cache *c, unsigned long budget_pages,
+		     bool lockless, unsigned long ra_pages,
+		     enum ra_reclaim_mode mode)
+{
+	struct cache_config cfg = fake_config(budget_pages);
+
+	cfg.lockless = lockless;
+	cfg.budget.reclaim_headroom = mode == RA_RECLAIM_BATCH;
+	setup_config(c, &cfg, ra_pages, mode);
 }
 
 static inline struct mapping *fake_mapping(struct cache *c, uint64_t size)

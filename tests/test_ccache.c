@@ -18,19 +18,10 @@
 static void setup_cc(struct cache *c, unsigned long budget_pages,
 		     unsigned int pct)
 {
-	struct cache_config cfg = {
-		.budget = {.max_pages = budget_pages,
-			   .high_pages = COUNTER_MAX,
-			   .group_max_pages = COUNTER_MAX,
-			   .group_high_pages = COUNTER_MAX},
-		.ccache_pct = pct,
-	};
+	struct cache_config cfg = fake_config(budget_pages);
 
-	struct ra_config rc = {.ra_pages = 32, .reclaim = RA_RECLAIM_BATCH};
-
-	CHECK_EQ(cache_init(c, &cfg), 0);
-	CHECK_EQ(cache_start(c), 0);
-	readahead_init(c, &rc);
+	cfg.ccache_pct = pct;
+	setup_config(c, &cfg, 32, RA_RECLAIM_BATCH);
 }
 
 static void frame_bytes(uint8_t *b, unsigned long index, size_t len)

@@ -17,20 +17,12 @@
 static void setup_fills(struct cache *c, unsigned long budget_pages,
 			unsigned int threads)
 {
-	struct cache_config cfg = {
-		.budget = {.max_pages = budget_pages,
-			   .high_pages = COUNTER_MAX,
-			   .group_max_pages = COUNTER_MAX,
-			   .group_high_pages = COUNTER_MAX,
-			   .reclaim_headroom = true},
-		.lockless = true,
-		.fill_threads = threads,
-	};
-	struct ra_config rc = {.ra_pages = 1024, .reclaim = RA_RECLAIM_BATCH};
+	struct cache_config cfg = fake_config(budget_pages);
 
-	CHECK_EQ(cache_init(c, &cfg), 0);
-	CHECK_EQ(cache_start(c), 0);
-	readahead_init(c, &rc);
+	cfg.budget.reclaim_headroom = true;
+	cfg.lockless = true;
+	cfg.fill_threads = threads;
+	setup_config(c, &cfg, 1024, RA_RECLAIM_BATCH);
 }
 
 static void teardown(struct cache *c)
