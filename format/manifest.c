@@ -21,6 +21,11 @@
  * neither holds a space or '=').  The root's are the header's "xattrs="
  * field, in the same form.
  *
+ * The header's "holes=" field (left out when there are none) says which
+ * big files hold frames of zeros: ID:BYTES for data/ID.zst, ',' between
+ * them, ids ascending.  The mount leaves those bytes out of the file's
+ * st_blocks; its lseek(SEEK_HOLE) finds the frames by their content.
+ *
  * Entries are sorted by (parent, name), parents compared component by
  * component and names byte by byte: so a directory's entries are one run,
  * in the order readdir gives them, and an entry is found by binary search

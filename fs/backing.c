@@ -760,6 +760,7 @@ static void zfile_release(struct mapping *m)
 	free(f->parts);
 	free(f->raw_at);
 	free((void *)atomic_load(&f->failed));
+	zfile_zero_sig_free(f);
 	zfile_fd_release(f);
 	store_obj_free(f->obj);
 	free(f->path);

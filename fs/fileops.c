@@ -422,3 +422,58 @@ void zf_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	fuse_reply_err(req, ENOSYS);
 }
 
+
+/* The answer of a file without holes of size bytes. */
+static int seek_dense(uint64_t size, off_t off, int whence, uint64_t *out)
+{
+	if ((uint64_t)off >= size)
+		return -ENXIO;
+	*out = whence == SEEK_DATA ? (uint64_t)off : size;
+	return 0;
+}
+
+/*
+ * SEEK_DATA and SEEK_HOLE: the holes are the frames of zeros (holes.c),
+ * where mkzfolio packed the holes of a sparse file.  A file the kernel
+ * opened itself (kernel_opens) is found by its inode.
+ */
+void zf_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+	      struct fuse_file_info *fi)
+{
+	struct dataset *ds = ds_of(req);
+	struct handle_hdr *hdr = (struct handle_hdr *)(uintptr_t)fi->fh;
+	struct zhandle h = {0};
+	struct ctl_handle *ch;
+	struct file_ra_state *pack_ra;
+	struct stat st;
+	uint64_t out = 0;
+	int err;
+
+	if (off < 0) {
+		err = -ENXIO;
+	} else if (hdr && hdr->kind == H_CTL) {
+		ch = (struct ctl_handle *)hdr;
+		err = seek_dense(ch->len, off, whence, &out);
+	} else if (hdr) {
+		h = ((struct zfile_handle *)hdr)->h;
+		err = zfile_seek(h.file, h.base, h.size, (uint64_t)off, whence,
+				 &out);
+	} else if (manifest_ino(ds, ino)) {
+		err = manifest_open_file(ds, ino, &h.file, &h.base, &h.size,
+					 &pack_ra);
+		if (!err)
+			err = zfile_seek(h.file, h.base, h.size,
+					 (uint64_t)off, whence, &out);
+		if (h.file)
+			zfile_put(h.file);
+	} else {
+		err = znode_stat(ds, znode_of(ds, ino), &st);
+		if (!err)
+			err = seek_dense((uint64_t)st.st_size, off, whence,
+					 &out);
+	}
+	if (err)
+		fuse_reply_err(req, -err);
+	else
+		fuse_reply_lseek(req, (off_t)out);
+}

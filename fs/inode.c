@@ -518,6 +518,7 @@ int zfile_create(struct dataset *ds, int fd, struct store_obj *obj,
 		pthread_mutex_init(&f->streams[i].lock, NULL);
 	if (!obj)
 		zfile_fd_add(f);
+	zfile_count_zeros(f);
 	f->meta_bytes = zfile_meta_bytes(f);
 	meta_charge(ds, f->meta_bytes);
 	if (f->idx.nunsized) /* counted once per file: a slow file */

@@ -179,6 +179,10 @@ struct zfile {
 	 * served again (zfile_range_refused) */
 	_Atomic uint8_t *_Atomic failed;
 	struct mapping *mapping;
+	/* content in frames of zeros, by the table (holes.c), and the first
+	 * such frame's bytes once one was read */
+	uint64_t zero_bytes;
+	struct zero_sig *_Atomic zero_sig;
 };
 
 /*
@@ -387,6 +391,10 @@ struct manifest {
 	size_t root_xlen;
 	struct mf_key *_Atomic *keys; /* per frame, NULL until read */
 	struct mf_data *data;
+	/* the header's holes=: data file ids, ascending, and their bytes in
+	 * frames of zeros */
+	uint64_t *hole_ids, *hole_bytes;
+	size_t nholes;
 	pthread_mutex_t lru_lock;
 	struct cds_list_head lru;     /* open data files, oldest use first */
 };
@@ -416,6 +424,11 @@ int parse_parent(const char *line, size_t len, struct mf_entry *e);
 typedef int (*mf_line_fn)(const char *line, size_t n, void *arg);
 int mf_line_at(struct dataset *ds, uint64_t i, mf_line_fn fn, void *arg);
 int mf_entry_at(struct dataset *ds, uint64_t i, struct mf_entry *e);
+/* A big file's st_blocks without its frames of zeros (holes.c), as a file
+ * system leaves its holes out */
+void mf_entry_blocks(struct dataset *ds, struct mf_entry *e);
+/* The bytes of data file id in frames of zeros, by the header's holes= */
+uint64_t manifest_holes(const struct manifest *mf, uint64_t id);
 int mf_entry_placed(const struct mf_entry *e, uint64_t i);
 int mf_seek(struct dataset *ds, const char *parent, size_t plen,
 	    const char *name, size_t nlen, uint64_t *index, bool *exact);
@@ -584,6 +597,14 @@ int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r);
 bool zfile_range_refused(struct zfile *f, uint64_t pos, uint64_t len);
 /* ... and before such a read is answered: the kernel tier dropped */
 void zfile_refused(struct zfile *f);
+
+/* holes.c: frames of zeros, as holes */
+void zfile_count_zeros(struct zfile *f);
+void zfile_zero_sig_free(struct zfile *f);
+/* SEEK_DATA or SEEK_HOLE from off in [base, base + size) of f's content
+ * (f NULL: empty): the place into *out relative to base, or -ENXIO */
+int zfile_seek(struct zfile *f, uint64_t base, uint64_t size, uint64_t off,
+	       int whence, uint64_t *out);
 
 /* part.c: a small read of a folio not cached, from its raw bytes alone */
 int zfile_read_part(struct mapping *m, void *io_ctx, unsigned long index,

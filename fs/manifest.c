@@ -62,6 +62,63 @@ struct header_call {
 	struct manifest *mf;
 };
 
+/* The header's holes=, if there: 0, or -EBADMSG for one that does not
+ * parse or whose ids do not ascend. */
+static int read_holes(struct manifest *mf, const char *line, size_t len)
+{
+	const char *p, *end;
+	size_t n, cap;
+	char *next;
+
+	if (!header_text(line, len, "holes", &p, &n) || !n)
+		return 0;
+	end = p + n;
+	cap = 1;
+	for (const char *c = p; c < end; c++)
+		cap += *c == ',';
+	mf->hole_ids = malloc(cap * sizeof(*mf->hole_ids));
+	mf->hole_bytes = malloc(cap * sizeof(*mf->hole_bytes));
+	if (!mf->hole_ids || !mf->hole_bytes)
+		return -ENOMEM;
+	while (p < end) {
+		uint64_t id, bytes;
+
+		/* digits only: strtoull would take a sign or spaces too */
+		if (*p < '0' || *p > '9')
+			return -EBADMSG;
+		errno = 0;
+		id = strtoull(p, &next, 10);
+		if (errno || next + 1 >= end || *next != ':' || next[1] < '0' ||
+		    next[1] > '9')
+			return -EBADMSG;
+		bytes = strtoull(next + 1, &next, 10);
+		if (errno || next > end || (next < end && *next != ',') ||
+		    (mf->nholes && id <= mf->hole_ids[mf->nholes - 1]))
+			return -EBADMSG;
+		mf->hole_ids[mf->nholes] = id;
+		mf->hole_bytes[mf->nholes++] = bytes;
+		p = next < end ? next + 1 : end;
+	}
+	return 0;
+}
+
+uint64_t manifest_holes(const struct manifest *mf, uint64_t id)
+{
+	size_t lo = 0, hi = mf->nholes;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (mf->hole_ids[mid] == id)
+			return mf->hole_bytes[mid];
+		if (mf->hole_ids[mid] < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return 0;
+}
+
 static int read_header(const char *p, size_t len, void *arg)
 {
 	struct manifest *mf = ((struct header_call *)arg)->mf;
@@ -114,7 +171,7 @@ static int read_header(const char *p, size_t len, void *arg)
 		mf->root.st_size = (off_t)v[0];
 		mf->root.st_blocks = (blkcnt_t)((v[0] + 511) / 512);
 	}
-	return 0;
+	return read_holes(mf, line, n);
 }
 
 /* The frames the entries need, against what the file has (why not, in
@@ -228,6 +285,8 @@ void manifest_close(struct dataset *ds)
 	free(mf->keys);
 	free(mf->data);
 	free(mf->root_xattrs);
+	free(mf->hole_ids);
+	free(mf->hole_bytes);
 	free(mf);
 	ds->mf = NULL;
 }
@@ -474,6 +533,7 @@ void manifest_closedir(struct mf_dir *d)
 
 /* A walk over a directory's entries, from one of them on. */
 struct dir_walk {
+	struct dataset *ds;
 	const struct mf_dir *dir;
 	uint64_t index;   /* the next entry of the manifest to look at */
 	uint64_t end;     /* the manifest's entries: a frame may hold more */
@@ -507,8 +567,10 @@ static int walk_in_frame(const char *p, size_t len, void *arg)
 		}
 		if (!r)
 			r = parse_entry(line, n, w->e);
-		if (!r)
+		if (!r) {
+			mf_entry_blocks(w->ds, w->e);
 			r = mf_entry_placed(w->e, w->index);
+		}
 		if (r)
 			return r;
 		if (w->fn(w->arg, w->e, w->k)) {
@@ -527,7 +589,7 @@ static int walk_in_frame(const char *p, size_t len, void *arg)
 int manifest_readdir(struct dataset *ds, const struct mf_dir *d, uint64_t k,
 		     mf_dirent_fn fn, void *arg)
 {
-	struct dir_walk w = {.dir = d, .index = d->first + k,
+	struct dir_walk w = {.ds = ds, .dir = d, .index = d->first + k,
 			     .end = ds->mf->nentries, .k = k, .fn = fn,
 			     .arg = arg};
 	int r = 0;

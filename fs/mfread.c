@@ -279,13 +279,27 @@ int mf_entry_placed(const struct mf_entry *e, uint64_t i)
 }
 
 /* Entry index i of the manifest. */
+void mf_entry_blocks(struct dataset *ds, struct mf_entry *e)
+{
+	uint64_t zeros;
+
+	if (S_ISREG(e->st.st_mode) && e->has_data && !e->data_off &&
+	    (zeros = manifest_holes(ds->mf, e->data_id)) &&
+	    zeros <= (uint64_t)e->st.st_size)
+		e->st.st_blocks = (blkcnt_t)(((uint64_t)e->st.st_size - zeros +
+					      511) / 512);
+}
+
 int mf_entry_at(struct dataset *ds, uint64_t i, struct mf_entry *e)
 {
 	int r;
 
 	e->index = i;
 	r = mf_line_at(ds, i, entry_of_line, e);
-	return r ? r : mf_entry_placed(e, i);
+	if (r)
+		return r;
+	mf_entry_blocks(ds, e);
+	return mf_entry_placed(e, i);
 }
 
 /* --- the first keys of frames, for binary search --- */

@@ -648,4 +648,5 @@ const struct fuse_lowlevel_ops zfolio_ops = {
 	.removexattr = erofs_removexattr,
 	.create = erofs_create,
 	.fallocate = erofs_fallocate,
+	.lseek = zf_lseek,
 };

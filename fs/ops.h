@@ -62,5 +62,7 @@ void zf_ioctl(fuse_req_t req, fuse_ino_t ino, int cmd, void *arg,
 	      size_t in_size, size_t out_size);
 void zf_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void zf_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void zf_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+	      struct fuse_file_info *fi);
 
 #endif

@@ -173,7 +173,7 @@ void outfile_seal(struct packer *pk, struct outfile *of);
 void outfile_source(struct outfile *of, const struct stat *st);
 void finish_file(struct packer *pk, struct outfile *of);
 void run_batch(struct packer *pk);
-void queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,
+bool queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,
 		 const char *spath);
 void queue_buffer(struct packer *pk, struct outfile *of, const void *buf,
 		  size_t len);

@@ -89,6 +89,11 @@ struct packed {
 	size_t zcap;
 	struct hardlink *links[HARDLINK_BUCKETS];
 	struct dedup *dedup; /* 1 << DEDUP_BITS slots */
+	/* big files' frames of zeros: "ID:BYTES," per data file that has
+	 * some, the header's holes= (the mount leaves them out of
+	 * st_blocks) */
+	char *holes;
+	size_t holes_len, holes_cap;
 };
 
 /* --- the manifest --- */
@@ -230,6 +235,10 @@ static void manifest_finish(struct packed *p, const struct stat *root,
 		 (long long)root->st_mtim.tv_sec, root->st_mtim.tv_nsec,
 		 (unsigned long long)root_nlink,
 		 (unsigned long long)root->st_size);
+	if (p->holes_len) { /* without the last ',' */
+		put_text(p, "\tholes=");
+		put_bytes(p, p->holes, p->holes_len - 1);
+	}
 	if (xlen) {
 		put_text(p, "\txattrs=");
 		put_bytes(p, root_xattrs, xlen);
@@ -344,13 +353,30 @@ static struct place_in_data data_write(struct packed *p, int fd,
 	uint32_t nframes = (uint32_t)((size + pk->frame - 1) / pk->frame);
 	struct place_in_data d = {true, p->next_id++, 0};
 	struct outfile *of = data_create(p, d.id, nframes);
+	uint64_t zeros = 0;
+	char item[48];
+	int n;
 
 	outfile_source(of, st);
 	for (uint64_t left = size; left;) {
 		size_t len = left < pk->frame ? (size_t)left : pk->frame;
 
 		left -= len;
-		queue_frame(pk, of, fd, len, spath);
+		if (queue_frame(pk, of, fd, len, spath))
+			zeros += len;
+	}
+	if (zeros) {
+		n = snprintf(item, sizeof(item), "%llu:%llu,",
+			     (unsigned long long)d.id,
+			     (unsigned long long)zeros);
+		if (p->holes_len + (size_t)n > p->holes_cap) {
+			p->holes_cap = (p->holes_len + (size_t)n) * 2;
+			p->holes = realloc(p->holes, p->holes_cap);
+			if (!p->holes)
+				die("out of memory");
+		}
+		memcpy(p->holes + p->holes_len, item, (size_t)n);
+		p->holes_len += (size_t)n;
 	}
 	return d;
 }
@@ -608,6 +634,7 @@ static void packed_close(struct packed *p)
 	free(p->frame);
 	free(p->dedup);
 	free(p->lines);
+	free(p->holes);
 	free(p->zbuf);
 	free(p->mframes);
 }

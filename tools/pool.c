@@ -412,18 +412,22 @@ static void make_zero_frame(struct packer *pk)
 }
 
 /* Read the next frame's content from fd into the batch; a whole frame
- * in a hole is the frame of zeros, compressed once for all. */
-void queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,
+ * in a hole is the frame of zeros, compressed once for all.  Whether the
+ * frame is all zeros, in a hole or not (its content alone decides, so a
+ * sparse file packs as its dense copy does). */
+bool queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,
 		 const char *spath)
 {
 	struct job *j = job_next(pk, of);
+	bool zeros = true;
 
 	j->done = false;
-	if (!in_hole(of, fd, len))
+	if (!in_hole(of, fd, len)) {
 		read_all(fd, j->src, len, of->read_off, spath);
-	else if (len != pk->frame)
+		zeros = !j->src[0] && !memcmp(j->src, j->src + 1, len - 1);
+	} else if (len != pk->frame) {
 		memset(j->src, 0, len);
-	else {
+	} else {
 		if (!pk->zero_frame)
 			make_zero_frame(pk);
 		j->dst = pk->zero_frame;
@@ -433,6 +437,7 @@ void queue_frame(struct packer *pk, struct outfile *of, int fd, size_t len,
 	}
 	of->read_off += (off_t)len;
 	job_queued(pk, of, len);
+	return zeros;
 }
 
 /* A frame's content from memory into the batch. */
