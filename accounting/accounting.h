@@ -147,7 +147,25 @@ struct budget {
 	bool reclaimer_kick;
 	pthread_mutex_t reclaimer_lock;
 	pthread_cond_t reclaimer_cond;
+	struct share *share; /* share=: a limit with other mounts, or NULL */
 };
+
+/*
+ * share.c: a limit over several mounts (processes), met in a file at path
+ * (share_join: 0, or -errno with the reason in err); share_start runs the
+ * member's thread, which every SHARE_TICK_MS reclaims its part of what the
+ * members hold together above max_pages (share_step); share_leave stops
+ * it and gives the slot back.
+ */
+#define SHARE_TICK_MS 10
+#define SHARE_IDLE_MS 1000 /* a member that served no read for this long */
+struct share;
+int share_join(struct budget *b, const char *path, const char *name,
+	       unsigned long max_pages, char *err, size_t errlen);
+int share_start(struct budget *b);
+void share_step(struct share *s);
+void share_leave(struct budget *b);
+int share_describe(const struct budget *b, char *buf, size_t len);
 
 /* budget.c */
 int budget_init(struct budget *b, const struct budget_config *cfg,

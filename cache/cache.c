@@ -160,6 +160,7 @@ void cache_stop(struct cache *c)
 void cache_destroy(struct cache *c)
 {
 	cache_stop(c);
+	share_leave(&c->budget); /* its thread reclaims: first */
 	budget_stop_reclaimer(&c->budget);
 	cache_barrier();
 	buf_pool_drain(c);

@@ -122,6 +122,11 @@ static int write_peak(struct group *g, const char *s)
 	return 0;
 }
 
+static int read_share(struct group *g, char *buf, size_t len)
+{
+	return share_describe(g->budget, buf, len);
+}
+
 const struct ctl_file ctl_files[] = {
 	{"memory.current", 0444, read_current, NULL,
 	 "bytes charged to the group and below, now"},
@@ -149,6 +154,10 @@ const struct ctl_file ctl_files[] = {
 	 "retried, reads failed after their retries, and responses that "
 	 "showed an object changed (\"store none\" for a local dataset); "
 	 "the same in every group"},
+	{"share", 0444, read_share, NULL,
+	 "with share=: its name, share_max, what its mounts hold together, "
+	 "how many they are, and this mount's reclaims for it and what they "
+	 "freed (\"none\" without); the same in every group"},
 };
 const int nr_ctl_files = (int)(sizeof(ctl_files) / sizeof(ctl_files[0]));
 #define NR_CTL_FILES nr_ctl_files

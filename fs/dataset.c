@@ -575,6 +575,31 @@ static bool ctl_name_taken(struct dataset *ds, const char *ctl)
 	       (backing_lstat(ds, zst, &st) == 0 && S_ISREG(st.st_mode));
 }
 
+/*
+ * share=NAME: the mount's budget joins the limit it shares with the other
+ * mounts of this user by that name, met in /dev/shm (accounting/share.c).
+ */
+static int join_share(struct dataset *ds, const struct options *opt,
+		      char *err, size_t errlen)
+{
+	uint64_t max = opt->share_max ? opt->share_max : opt->budget;
+	char path[128];
+
+	if (!opt->share)
+		return 0;
+	if (strlen(opt->share) > 64 ||
+	    strspn(opt->share, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+			       "0123456789._-") != strlen(opt->share)) {
+		snprintf(err, errlen, "share=%s: a name of letters, digits, "
+			 "'.', '_' and '-', up to 64 of them", opt->share);
+		return -EINVAL;
+	}
+	snprintf(path, sizeof(path), "/dev/shm/zfolio-share.%u.%s",
+		 (unsigned int)geteuid(), opt->share);
+	return share_join(&ds->cache.budget, path, opt->share,
+			  (unsigned long)(max >> ZF_PAGE_SHIFT), err, errlen);
+}
+
 int dataset_open(struct dataset *ds, struct options *opt, char *err,
 		 size_t errlen)
 {
@@ -619,6 +644,9 @@ int dataset_open(struct dataset *ds, struct options *opt, char *err,
 			 strerror(-r));
 		return r;
 	}
+	r = join_share(ds, opt, err, errlen);
+	if (r)
+		return r;
 	/* metadata the whole time the mount lives */
 	meta_charge(ds, (long)zseek_dict_bytes());
 	if (!ds->single) {

@@ -59,6 +59,8 @@ struct options {
 	bool push; /* push a scan's next files (push.c) */
 	char *ctl;
 	char *dict; /* zstd dictionaries' files, ':' between them, or NULL */
+	char *share; /* a limit shared with other mounts by this name, or NULL */
+	uint64_t share_max; /* its limit; 0: budget */
 	uint64_t max_window; /* the largest window a frame may need */
 	/* a dataset in a store (remote.c): NULL is "from the usual places" */
 	char *endpoint, *region, *credentials, *profile, *ca;
@@ -70,7 +72,7 @@ struct options {
 };
 
 enum opt_type { OPT_SIZE, OPT_SIZE_MAX, OPT_UINT, OPT_BOOL, OPT_ENUM,
-		OPT_NAME, OPT_TEXT /* any text; "auto" is NULL */ };
+		OPT_NAME, OPT_TEXT /* any text; its default ("auto", "none") is NULL */ };
 
 struct opt_desc {
 	const char *name;

@@ -553,6 +553,8 @@ static int serve(struct daemon *d)
 	if (inodes_init(&d->ds) || cache_start(&d->ds.cache) ||
 	    (d->opt.cache == CACHE_KERNEL &&
 	     ktier_enable(&d->ds.cache, tier_invalidate, d->se)) ||
+	    /* it reclaims from both tiers: once both are there */
+	    share_start(&d->ds.cache.budget) ||
 	    (d->opt.push && d->opt.read_only && d->ds.mf && !d->ds.store &&
 	     d->opt.cache == CACHE_KERNEL && push_start(&d->ds)) ||
 	    loop_start(&lp, d->opt.threads,
@@ -587,13 +589,10 @@ static void daemon_free(struct daemon *d)
 	free(d->fopts.mountpoint);
 	fuse_opt_free_args(&d->args);
 	free(d->opt.dataset);
-	free(d->opt.ctl);
-	free(d->opt.endpoint);
-	free(d->opt.region);
-	free(d->opt.credentials);
-	free(d->opt.profile);
-	free(d->opt.ca);
-	free(d->opt.dict);
+	for (size_t i = 0; i < nr_opts; i++) /* the options that are text */
+		if (opt_table[i].type == OPT_NAME ||
+		    opt_table[i].type == OPT_TEXT)
+			free(*(char **)((char *)&d->opt + opt_table[i].offset));
 	free(d->pc.error);
 }
 

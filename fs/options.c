@@ -122,6 +122,15 @@ const struct opt_desc opt_table[] = {
 	 "memory.max of new child groups", NULL, 0, 1ull << 42},
 	{"group_high", OPT_SIZE_MAX, OFF(group_high), "max",
 	 "memory.high of new child groups", NULL, 0, 1ull << 42},
+	{"share", OPT_TEXT, OFF(share), "none",
+	 "mounts of one user given the same NAME (letters, digits, '.', '_', "
+	 "'-') hold at most share_max between them: each reclaims its part "
+	 "of what they hold above it, by its size, so an idle mount's cache "
+	 "gives way to a busy one's (none: a budget of its own only)",
+	 NULL, 0, 0},
+	{"share_max", OPT_SIZE, OFF(share_max), "0",
+	 "the limit of share= (0: budget); every mount of the share gives the "
+	 "same", NULL, 0, 1ull << 42},
 	{"ctl", OPT_NAME, OFF(ctl), ".zfolio",
 	 "name of the control directory at the mount root (an entry of the "
 	 "dataset's root by that name is hidden by it, and the mount says "
@@ -300,11 +309,12 @@ static int apply_name(char **p, const char *val)
 	return *p ? 0 : -ENOMEM;
 }
 
-static int apply_text(char **p, const char *val)
+/* Text: its default's word ("auto", "none") is NULL. */
+static int apply_text(const struct opt_desc *d, char **p, const char *val)
 {
 	free(*p);
 	*p = NULL;
-	if (!*val || strcmp(val, "auto") == 0)
+	if (!*val || strcmp(val, d->def) == 0)
 		return 0;
 	*p = strdup(val);
 	return *p ? 0 : -ENOMEM;
@@ -327,7 +337,7 @@ int opt_apply(struct options *o, const struct opt_desc *d, const char *val)
 	case OPT_NAME:
 		return apply_name(p, val);
 	case OPT_TEXT:
-		return apply_text(p, val);
+		return apply_text(d, p, val);
 	}
 	return -EINVAL;
 }

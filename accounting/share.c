@@ -1,0 +1,408 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A budget shared by several mounts (share=NAME, share_max=SIZE): their
+ * memory together stays under one limit, as cgroups under one parent do,
+ * where a budget per mount would multiply with the mounts.
+ *
+ * The members are processes: they meet in a small file mapped shared (in
+ * /dev/shm, made by the first), a slot each, where each says how much it
+ * holds (its root's memory.current) and when it last served a read.
+ * Every SHARE_TICK_MS each member adds the slots up; above the limit, it
+ * reclaims its part of the excess.  The excess is taken first from the
+ * members idle for SHARE_IDLE_MS (their pages are older than any a busy
+ * member read since: the order of one LRU over all of them), each in
+ * proportion to what it holds, and what they cannot give from the busy
+ * ones, again by size (the kernel scans the cgroups under a parent in
+ * proportion to their size): an idle mount's cache gives way to a busy
+ * one's, and busy ones share the room.  Between two ticks the
+ * total may pass the limit by what the members read meanwhile, as a
+ * cgroup passes memory.high; each member's own memory.max still holds at
+ * every charge.
+ *
+ * A member that died leaves its slot: the next tick of another finds its
+ * process gone and takes it out.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "accounting.h"
+
+#define SHARE_MAGIC 0x7a667368u /* "zfsh" */
+#define SHARE_VERSION 2
+#define SHARE_SLOTS 64
+
+struct share_slot {
+	_Atomic int32_t pid; /* 0: free */
+	_Atomic int64_t pages;
+	_Atomic int64_t busy_ms; /* CLOCK_MONOTONIC of its last read served */
+	_Atomic int64_t pinned;  /* of pages, what its last reclaim left */
+};
+
+struct share_file {
+	uint32_t magic, version;
+	int64_t max_pages;
+	struct share_slot slot[SHARE_SLOTS];
+};
+
+struct share {
+	struct budget *b;
+	struct share_file *f;
+	char *path;
+	int fd;
+	int slot;
+	int32_t pid; /* the slot's: the process that joined */
+	char *name;
+	pthread_t thread;
+	bool running, stop;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	atomic_ulong reclaims, reclaimed;
+	long reads; /* the root's pgfault at the last tick */
+};
+
+static int64_t now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Whether slot s holds a member still alive: one that is not is freed. */
+static bool slot_live(struct share_slot *s)
+{
+	int32_t pid = atomic_load(&s->pid);
+
+	if (!pid)
+		return false;
+	if (pid == getpid() || !kill(pid, 0) || errno != ESRCH)
+		return true;
+	if (atomic_compare_exchange_strong(&s->pid, &pid, 0))
+		atomic_store(&s->pages, 0);
+	return false;
+}
+
+int share_join(struct budget *b, const char *path, const char *name,
+	       unsigned long max_pages, char *err, size_t errlen)
+{
+	struct share *s = calloc(1, sizeof(*s));
+	struct stat st;
+	int r = 0;
+
+	if (!s || !(s->name = strdup(name))) {
+		free(s);
+		return -ENOMEM;
+	}
+	s->b = b;
+	s->slot = -1;
+	/* one member at a time sets the file up and takes a slot; the last
+	 * to leave removes it, so a file opened just before is one no other
+	 * member will find: open again */
+	for (;;) {
+		struct stat now;
+
+		s->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+			     0600);
+		if (s->fd < 0 || flock(s->fd, LOCK_EX) || fstat(s->fd, &st)) {
+			r = -errno;
+			snprintf(err, errlen, "share %s: %s: %s", name, path,
+				 strerror(-r));
+			goto fail;
+		}
+		if (!stat(path, &now) && now.st_ino == st.st_ino &&
+		    now.st_dev == st.st_dev)
+			break;
+		close(s->fd);
+	}
+	if (st.st_uid != geteuid() ||
+	    ((size_t)st.st_size != sizeof(*s->f) && st.st_size != 0)) {
+		r = -EPERM;
+		snprintf(err, errlen, "share %s: %s is not a share of this "
+			 "user's: remove it, or take another name", name, path);
+		goto fail;
+	}
+	if (!st.st_size && ftruncate(s->fd, sizeof(*s->f))) {
+		r = -errno;
+		snprintf(err, errlen, "share %s: %s", name, strerror(-r));
+		goto fail;
+	}
+	s->f = mmap(NULL, sizeof(*s->f), PROT_READ | PROT_WRITE, MAP_SHARED,
+		    s->fd, 0);
+	if (s->f == MAP_FAILED) {
+		s->f = NULL;
+		r = -errno;
+		snprintf(err, errlen, "share %s: %s", name, strerror(-r));
+		goto fail;
+	}
+	if (s->f->magic != SHARE_MAGIC || s->f->version != SHARE_VERSION) {
+		memset(s->f, 0, sizeof(*s->f));
+		s->f->magic = SHARE_MAGIC;
+		s->f->version = SHARE_VERSION;
+	}
+	for (int i = 0; i < SHARE_SLOTS; i++)
+		slot_live(&s->f->slot[i]); /* frees the slots of the dead */
+	bool members = false;
+	for (int i = 0; i < SHARE_SLOTS; i++)
+		members |= atomic_load(&s->f->slot[i].pid) != 0;
+	if (!members)
+		s->f->max_pages = (int64_t)max_pages;
+	if (s->f->max_pages != (int64_t)max_pages) {
+		r = -EINVAL;
+		snprintf(err, errlen, "share %s holds at most %llu bytes for "
+			 "the mounts in it, not %llu: give them one share_max",
+			 name, (unsigned long long)s->f->max_pages
+				   << ZF_PAGE_SHIFT,
+			 (unsigned long long)max_pages << ZF_PAGE_SHIFT);
+		goto fail;
+	}
+	for (int i = 0; i < SHARE_SLOTS && s->slot < 0; i++)
+		if (!atomic_load(&s->f->slot[i].pid)) {
+			atomic_store(&s->f->slot[i].pages, 0);
+			atomic_store(&s->f->slot[i].busy_ms, now_ms());
+			atomic_store(&s->f->slot[i].pid, (int32_t)getpid());
+			s->slot = i;
+			s->pid = (int32_t)getpid();
+		}
+	if (s->slot < 0) {
+		r = -EUSERS;
+		snprintf(err, errlen, "share %s has %d mounts already, the most "
+			 "it takes", name, SHARE_SLOTS);
+		goto fail;
+	}
+	flock(s->fd, LOCK_UN);
+	s->path = strdup(path);
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	b->share = s;
+	return 0;
+fail:
+	if (s->f)
+		munmap(s->f, sizeof(*s->f));
+	if (s->fd >= 0)
+		close(s->fd); /* drops the lock */
+	free(s->name);
+	free(s);
+	return r;
+}
+
+/* What the members hold together, this one's as it is now; of that, what
+ * the idle ones hold. */
+static long share_total(struct share *s, long mine, long *idle)
+{
+	int64_t before = now_ms() - SHARE_IDLE_MS;
+	long total = 0;
+
+	atomic_store(&s->f->slot[s->slot].pages, mine);
+	*idle = 0;
+	for (int i = 0; i < SHARE_SLOTS; i++) {
+		struct share_slot *sl = &s->f->slot[i];
+		long pages;
+
+		if (!slot_live(sl))
+			continue;
+		pages = (long)atomic_load(&sl->pages);
+		total += pages;
+		/* what an idle one can give: not what it could not */
+		if (atomic_load(&sl->busy_ms) < before &&
+		    pages > (long)atomic_load(&sl->pinned))
+			*idle += pages - (long)atomic_load(&sl->pinned);
+	}
+	return total;
+}
+
+/* a * b / c, rounded up, without overflow for page counts */
+static long part_of(long a, long b, long c)
+{
+	return c ? (long)(((__int128)a * b + c - 1) / c) : 0;
+}
+
+void share_step(struct share *s)
+{
+	struct group *root = &s->b->root;
+	struct share_slot *me = &s->f->slot[s->slot];
+	long reads = stat_read(root, STAT_PGFAULT);
+	long mine = counter_read(&root->mem), idle, total, excess, part;
+	long from_idle, before;
+	bool busy, stuck;
+
+	if (reads != s->reads) {
+		s->reads = reads;
+		atomic_store(&me->busy_ms, now_ms());
+		atomic_store(&me->pinned, 0);
+	}
+	busy = atomic_load(&me->busy_ms) >= now_ms() - SHARE_IDLE_MS;
+	total = share_total(s, mine, &idle);
+	excess = total - (long)s->f->max_pages;
+	if (excess <= 0 || mine <= 0)
+		return;
+	/* the idle first, by size; the rest from the busy, by size */
+	from_idle = excess < idle ? excess : idle;
+	if (busy)
+		part = part_of(excess - from_idle, mine, total - idle);
+	else
+		part = part_of(from_idle, mine, idle) +
+		       part_of(excess - from_idle, mine, total);
+	if (part <= 0)
+		return;
+	before = mine;
+	/* what it cannot free (metadata, folios in use) the others take */
+	stuck = reclaim_proactive(root, (unsigned long)part) == -EAGAIN;
+	mine = counter_read(&root->mem);
+	atomic_store(&me->pinned, stuck ? mine : 0);
+	atomic_fetch_add(&s->reclaims, 1);
+	if (before > mine)
+		atomic_fetch_add(&s->reclaimed, (unsigned long)(before - mine));
+	share_total(s, mine, &idle);
+}
+
+static void *share_main(void *arg)
+{
+	struct share *s = arg;
+	const struct budget_ops *ops = s->b->ops;
+
+	if (ops && ops->thread_state)
+		ops->thread_state(THREAD_REGISTER, s->b->ops_priv);
+	pthread_mutex_lock(&s->lock);
+	while (!s->stop) {
+		struct timespec until;
+
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += SHARE_TICK_MS * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		if (ops && ops->thread_state)
+			ops->thread_state(THREAD_OFFLINE, s->b->ops_priv);
+		pthread_cond_timedwait(&s->cond, &s->lock, &until);
+		if (ops && ops->thread_state)
+			ops->thread_state(THREAD_ONLINE, s->b->ops_priv);
+		if (s->stop)
+			break;
+		pthread_mutex_unlock(&s->lock);
+		share_step(s);
+		pthread_mutex_lock(&s->lock);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (ops && ops->thread_state)
+		ops->thread_state(THREAD_UNREGISTER, s->b->ops_priv);
+	return NULL;
+}
+
+/*
+ * The slot is the daemon's: a mount that goes to the background joined
+ * before it forked, and the process that joined has gone.  Its slot may
+ * have been freed meanwhile, even taken: then another.
+ */
+static int share_own_slot(struct share *s)
+{
+	int32_t me = (int32_t)getpid(), old = s->pid, none = 0;
+	int r = 0;
+
+	if (old == me)
+		return 0;
+	flock(s->fd, LOCK_EX);
+	if (!atomic_compare_exchange_strong(&s->f->slot[s->slot].pid, &old,
+					    me) &&
+	    !atomic_compare_exchange_strong(&s->f->slot[s->slot].pid, &none,
+					    me)) {
+		s->slot = -1;
+		for (int i = 0; i < SHARE_SLOTS && s->slot < 0; i++) {
+			none = 0;
+			if (!slot_live(&s->f->slot[i]) &&
+			    atomic_compare_exchange_strong(&s->f->slot[i].pid,
+							   &none, me))
+				s->slot = i;
+		}
+	}
+	if (s->slot >= 0)
+		s->pid = me;
+	else
+		r = -EUSERS;
+	flock(s->fd, LOCK_UN);
+	return r;
+}
+
+int share_start(struct budget *b)
+{
+	struct share *s = b->share;
+	int err;
+
+	if (!s || s->running)
+		return 0;
+	err = share_own_slot(s);
+	if (err)
+		return err;
+	s->stop = false;
+	err = pthread_create(&s->thread, NULL, share_main, s);
+	if (err)
+		return -err;
+	s->running = true;
+	return 0;
+}
+
+void share_leave(struct budget *b)
+{
+	struct share *s = b->share;
+
+	if (!s)
+		return;
+	if (s->slot < 0) /* lost at share_start */
+		goto out;
+	if (s->running) {
+		pthread_mutex_lock(&s->lock);
+		s->stop = true;
+		pthread_cond_signal(&s->cond);
+		pthread_mutex_unlock(&s->lock);
+		pthread_join(s->thread, NULL);
+	}
+	flock(s->fd, LOCK_EX);
+	atomic_store(&s->f->slot[s->slot].pages, 0);
+	atomic_store(&s->f->slot[s->slot].pid, 0);
+	bool members = false;
+	for (int i = 0; i < SHARE_SLOTS; i++)
+		members |= slot_live(&s->f->slot[i]);
+	if (!members && s->path)
+		unlink(s->path); /* under the lock: see share_join() */
+out:
+	munmap(s->f, sizeof(*s->f));
+	close(s->fd);
+	free(s->path);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s->name);
+	free(s);
+	b->share = NULL;
+}
+
+int share_describe(const struct budget *b, char *buf, size_t len)
+{
+	struct share *s = b->share;
+	long total = 0, members = 0;
+
+	if (!s)
+		return snprintf(buf, len, "none\n");
+	for (int i = 0; i < SHARE_SLOTS; i++)
+		if (slot_live(&s->f->slot[i])) {
+			members++;
+			total += (long)atomic_load(&s->f->slot[i].pages);
+		}
+	return snprintf(buf, len,
+			"name %s\nmax %llu\ncurrent %llu\nmembers %ld\n"
+			"reclaims %lu\nreclaimed %llu\n",
+			s->name,
+			(unsigned long long)s->f->max_pages << ZF_PAGE_SHIFT,
+			(unsigned long long)total << ZF_PAGE_SHIFT, members,
+			atomic_load(&s->reclaims),
+			(unsigned long long)atomic_load(&s->reclaimed)
+				<< ZF_PAGE_SHIFT);
+}
