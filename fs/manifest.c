@@ -141,6 +141,10 @@ static int read_header(const char *p, size_t len, void *arg)
 	if ((v[0] != ZMF_VERSION && v[0] != ZMF_VERSION_XATTRS) ||
 	    v[2] > UINT32_MAX)
 		return -EPROTO;
+	/* every data file holds a file's bytes: no more than the entries
+	 * (a header that says more would have them all allocated) */
+	if (v[2] > v[1])
+		return -EBADMSG;
 	mf->xattrs = v[0] == ZMF_VERSION_XATTRS;
 	/* its bytes as they are, a NUL among them too (strndup would stop
 	 * there, short of xlen): the field's parser judges them */
