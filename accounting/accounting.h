@@ -154,8 +154,8 @@ struct budget {
  * share.c: a limit over several mounts (processes), met in a file at path
  * (share_join: 0, or -errno with the reason in err); share_start runs the
  * member's thread, which every SHARE_TICK_MS reclaims its part of what the
- * members hold together above max_pages (share_step); share_leave stops
- * it and gives the slot back.
+ * members hold together above max_pages (share_step); share_stop stops it
+ * (before what it reclaims from goes), share_leave gives the slot back.
  */
 #define SHARE_TICK_MS 10
 #define SHARE_IDLE_MS 1000 /* a member that served no read for this long */
@@ -164,6 +164,7 @@ int share_join(struct budget *b, const char *path, const char *name,
 	       unsigned long max_pages, char *err, size_t errlen);
 int share_start(struct budget *b);
 void share_step(struct share *s);
+void share_stop(struct budget *b);
 void share_leave(struct budget *b);
 int share_describe(const struct budget *b, char *buf, size_t len);
 

@@ -19,8 +19,10 @@
  * cgroup passes memory.high; each member's own memory.max still holds at
  * every charge.
  *
- * A member that died leaves its slot: the next tick of another finds its
- * process gone and takes it out.
+ * A member holds a lock on its slot's byte (an open file description's
+ * lock: the kernel drops it when the member's process ends, and a daemon
+ * that forks after joining keeps it): a slot whose lock is gone is not
+ * counted, and the next member to join frees it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,11 +39,17 @@
 #include "accounting.h"
 
 #define SHARE_MAGIC 0x7a667368u /* "zfsh" */
-#define SHARE_VERSION 2
+#define SHARE_VERSION 3
 #define SHARE_SLOTS 64
+/* ticks a member that could not free what it was asked waits */
+#define SHARE_BACKOFF 10
+
+/* atomics in a file shared by processes: only if free of locks */
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
+	       "shared atomics need lock-free 64-bit operations");
 
 struct share_slot {
-	_Atomic int32_t pid; /* 0: free */
+	_Atomic int32_t pid; /* 0: free; else who took it */
 	_Atomic int64_t pages;
 	_Atomic int64_t busy_ms; /* CLOCK_MONOTONIC of its last read served */
 	_Atomic int64_t pinned;  /* of pages, what its last reclaim left */
@@ -52,6 +60,8 @@ struct share_file {
 	int64_t max_pages;
 	struct share_slot slot[SHARE_SLOTS];
 };
+/* slot i's lock is on byte LOCK_AT + i, past the data */
+#define LOCK_AT ((off_t)sizeof(struct share_file))
 
 struct share {
 	struct budget *b;
@@ -59,7 +69,7 @@ struct share {
 	char *path;
 	int fd;
 	int slot;
-	int32_t pid; /* the slot's: the process that joined */
+	int backoff; /* ticks to wait yet */
 	char *name;
 	pthread_t thread;
 	bool running, stop;
@@ -77,24 +87,34 @@ static int64_t now_ms(void)
 	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* Whether slot s holds a member still alive: one that is not is freed. */
-static bool slot_live(struct share_slot *s)
+/* Slot i's lock, F_WRLCK to take it, or F_UNLCK as a question: whether
+ * another open file holds it (F_OFD_GETLK). */
+static int slot_lock(int fd, int i, int cmd, short type)
 {
-	int32_t pid = atomic_load(&s->pid);
+	struct flock l = {.l_type = type, .l_whence = SEEK_SET,
+			  .l_start = LOCK_AT + i, .l_len = 1};
 
-	if (!pid)
-		return false;
-	if (pid == getpid() || !kill(pid, 0) || errno != ESRCH)
-		return true;
-	if (atomic_compare_exchange_strong(&s->pid, &pid, 0))
-		atomic_store(&s->pages, 0);
-	return false;
+	if (cmd == F_OFD_GETLK) {
+		l.l_type = F_WRLCK;
+		if (fcntl(fd, F_OFD_GETLK, &l))
+			return 1; /* cannot tell: held */
+		return l.l_type != F_UNLCK;
+	}
+	return fcntl(fd, cmd, &l) ? -errno : 0;
+}
+
+/* Whether slot i holds a member alive (this one's own is). */
+static bool slot_live(const struct share *s, int i)
+{
+	return i == s->slot || (atomic_load(&s->f->slot[i].pid) &&
+				slot_lock(s->fd, i, F_OFD_GETLK, 0) == 1);
 }
 
 int share_join(struct budget *b, const char *path, const char *name,
 	       unsigned long max_pages, char *err, size_t errlen)
 {
 	struct share *s = calloc(1, sizeof(*s));
+	pthread_condattr_t ca;
 	struct stat st;
 	int r = 0;
 
@@ -143,16 +163,28 @@ int share_join(struct budget *b, const char *path, const char *name,
 		snprintf(err, errlen, "share %s: %s", name, strerror(-r));
 		goto fail;
 	}
+	/* the slots of members gone are freed; a file of another version
+	 * is made anew, unless a member of that version is alive */
+	bool members = false;
+	for (int i = 0; i < SHARE_SLOTS; i++) {
+		if (slot_lock(s->fd, i, F_OFD_GETLK, 0) == 1) {
+			members = true;
+			continue;
+		}
+		atomic_store(&s->f->slot[i].pid, 0);
+	}
 	if (s->f->magic != SHARE_MAGIC || s->f->version != SHARE_VERSION) {
+		if (members) {
+			r = -EPROTO;
+			snprintf(err, errlen, "share %s is in use by mounts of "
+				 "another version of zfolio: take another name",
+				 name);
+			goto fail;
+		}
 		memset(s->f, 0, sizeof(*s->f));
 		s->f->magic = SHARE_MAGIC;
 		s->f->version = SHARE_VERSION;
 	}
-	for (int i = 0; i < SHARE_SLOTS; i++)
-		slot_live(&s->f->slot[i]); /* frees the slots of the dead */
-	bool members = false;
-	for (int i = 0; i < SHARE_SLOTS; i++)
-		members |= atomic_load(&s->f->slot[i].pid) != 0;
 	if (!members)
 		s->f->max_pages = (int64_t)max_pages;
 	if (s->f->max_pages != (int64_t)max_pages) {
@@ -164,14 +196,18 @@ int share_join(struct budget *b, const char *path, const char *name,
 			 (unsigned long long)max_pages << ZF_PAGE_SHIFT);
 		goto fail;
 	}
-	for (int i = 0; i < SHARE_SLOTS && s->slot < 0; i++)
-		if (!atomic_load(&s->f->slot[i].pid)) {
-			atomic_store(&s->f->slot[i].pages, 0);
-			atomic_store(&s->f->slot[i].busy_ms, now_ms());
-			atomic_store(&s->f->slot[i].pid, (int32_t)getpid());
-			s->slot = i;
-			s->pid = (int32_t)getpid();
-		}
+	for (int i = 0; i < SHARE_SLOTS && s->slot < 0; i++) {
+		struct share_slot *sl = &s->f->slot[i];
+
+		if (atomic_load(&sl->pid) ||
+		    slot_lock(s->fd, i, F_OFD_SETLK, F_WRLCK))
+			continue;
+		atomic_store(&sl->pages, 0);
+		atomic_store(&sl->pinned, 0);
+		atomic_store(&sl->busy_ms, now_ms());
+		atomic_store(&sl->pid, (int32_t)getpid());
+		s->slot = i;
+	}
 	if (s->slot < 0) {
 		r = -EUSERS;
 		snprintf(err, errlen, "share %s has %d mounts already, the most "
@@ -181,7 +217,10 @@ int share_join(struct budget *b, const char *path, const char *name,
 	flock(s->fd, LOCK_UN);
 	s->path = strdup(path);
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->cond, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->cond, &ca);
+	pthread_condattr_destroy(&ca);
 	b->share = s;
 	return 0;
 fail:
@@ -207,7 +246,7 @@ static long share_total(struct share *s, long mine, long *idle)
 		struct share_slot *sl = &s->f->slot[i];
 		long pages;
 
-		if (!slot_live(sl))
+		if (!slot_live(s, i))
 			continue;
 		pages = (long)atomic_load(&sl->pages);
 		total += pages;
@@ -241,6 +280,10 @@ void share_step(struct share *s)
 	}
 	busy = atomic_load(&me->busy_ms) >= now_ms() - SHARE_IDLE_MS;
 	total = share_total(s, mine, &idle);
+	if (s->backoff) { /* what it holds, it could not free just now */
+		s->backoff--;
+		return;
+	}
 	excess = total - (long)s->f->max_pages;
 	if (excess <= 0 || mine <= 0)
 		return;
@@ -258,6 +301,7 @@ void share_step(struct share *s)
 	stuck = reclaim_proactive(root, (unsigned long)part) == -EAGAIN;
 	mine = counter_read(&root->mem);
 	atomic_store(&me->pinned, stuck ? mine : 0);
+	s->backoff = stuck ? SHARE_BACKOFF : 0;
 	atomic_fetch_add(&s->reclaims, 1);
 	if (before > mine)
 		atomic_fetch_add(&s->reclaimed, (unsigned long)(before - mine));
@@ -275,7 +319,7 @@ static void *share_main(void *arg)
 	while (!s->stop) {
 		struct timespec until;
 
-		clock_gettime(CLOCK_REALTIME, &until);
+		clock_gettime(CLOCK_MONOTONIC, &until);
 		until.tv_nsec += SHARE_TICK_MS * 1000000L;
 		if (until.tv_nsec >= 1000000000L) {
 			until.tv_sec++;
@@ -298,40 +342,6 @@ static void *share_main(void *arg)
 	return NULL;
 }
 
-/*
- * The slot is the daemon's: a mount that goes to the background joined
- * before it forked, and the process that joined has gone.  Its slot may
- * have been freed meanwhile, even taken: then another.
- */
-static int share_own_slot(struct share *s)
-{
-	int32_t me = (int32_t)getpid(), old = s->pid, none = 0;
-	int r = 0;
-
-	if (old == me)
-		return 0;
-	flock(s->fd, LOCK_EX);
-	if (!atomic_compare_exchange_strong(&s->f->slot[s->slot].pid, &old,
-					    me) &&
-	    !atomic_compare_exchange_strong(&s->f->slot[s->slot].pid, &none,
-					    me)) {
-		s->slot = -1;
-		for (int i = 0; i < SHARE_SLOTS && s->slot < 0; i++) {
-			none = 0;
-			if (!slot_live(&s->f->slot[i]) &&
-			    atomic_compare_exchange_strong(&s->f->slot[i].pid,
-							   &none, me))
-				s->slot = i;
-		}
-	}
-	if (s->slot >= 0)
-		s->pid = me;
-	else
-		r = -EUSERS;
-	flock(s->fd, LOCK_UN);
-	return r;
-}
-
 int share_start(struct budget *b)
 {
 	struct share *s = b->share;
@@ -339,9 +349,9 @@ int share_start(struct budget *b)
 
 	if (!s || s->running)
 		return 0;
-	err = share_own_slot(s);
-	if (err)
-		return err;
+	/* a daemon that forked after joining: the slot (its lock is the
+	 * open file's, which the fork shares) is this process's now */
+	atomic_store(&s->f->slot[s->slot].pid, (int32_t)getpid());
 	s->stop = false;
 	err = pthread_create(&s->thread, NULL, share_main, s);
 	if (err)
@@ -350,32 +360,40 @@ int share_start(struct budget *b)
 	return 0;
 }
 
-void share_leave(struct budget *b)
+void share_stop(struct budget *b)
 {
 	struct share *s = b->share;
 
+	if (!s || !s->running)
+		return;
+	pthread_mutex_lock(&s->lock);
+	s->stop = true;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	pthread_join(s->thread, NULL);
+	s->running = false;
+}
+
+void share_leave(struct budget *b)
+{
+	struct share *s = b->share;
+	struct stat mine, now;
+	bool members = false;
+
 	if (!s)
 		return;
-	if (s->slot < 0) /* lost at share_start */
-		goto out;
-	if (s->running) {
-		pthread_mutex_lock(&s->lock);
-		s->stop = true;
-		pthread_cond_signal(&s->cond);
-		pthread_mutex_unlock(&s->lock);
-		pthread_join(s->thread, NULL);
-	}
+	share_stop(b);
 	flock(s->fd, LOCK_EX);
 	atomic_store(&s->f->slot[s->slot].pages, 0);
 	atomic_store(&s->f->slot[s->slot].pid, 0);
-	bool members = false;
 	for (int i = 0; i < SHARE_SLOTS; i++)
-		members |= slot_live(&s->f->slot[i]);
-	if (!members && s->path)
-		unlink(s->path); /* under the lock: see share_join() */
-out:
+		members |= i != s->slot && slot_live(s, i);
+	/* under the lock (see share_join()), and only the file it is in */
+	if (!members && !fstat(s->fd, &mine) && !stat(s->path, &now) &&
+	    mine.st_ino == now.st_ino && mine.st_dev == now.st_dev)
+		unlink(s->path);
 	munmap(s->f, sizeof(*s->f));
-	close(s->fd);
+	close(s->fd); /* and with it the slot's lock and the flock */
 	free(s->path);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);
@@ -392,7 +410,7 @@ int share_describe(const struct budget *b, char *buf, size_t len)
 	if (!s)
 		return snprintf(buf, len, "none\n");
 	for (int i = 0; i < SHARE_SLOTS; i++)
-		if (slot_live(&s->f->slot[i])) {
+		if (slot_live(s, i)) {
 			members++;
 			total += (long)atomic_load(&s->f->slot[i].pages);
 		}

@@ -585,8 +585,17 @@ static int join_share(struct dataset *ds, const struct options *opt,
 	uint64_t max = opt->share_max ? opt->share_max : opt->budget;
 	char path[128];
 
-	if (!opt->share)
-		return 0;
+	if (!opt->share) {
+		if (opt->share_max)
+			snprintf(err, errlen, "share_max= without share=: "
+				 "give the mounts that share it a name");
+		return opt->share_max ? -EINVAL : 0;
+	}
+	if (max < (1u << 20)) {
+		snprintf(err, errlen, "share_max=%llu: at least 1M",
+			 (unsigned long long)max);
+		return -EINVAL;
+	}
 	if (strlen(opt->share) > 64 ||
 	    strspn(opt->share, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 			       "0123456789._-") != strlen(opt->share)) {

@@ -28,8 +28,9 @@ static uint64_t zero_frame_max(uint64_t d_size)
 	return 64 + d_size / 1024;
 }
 
-/* Candidate frames read at once, at most */
-#define RUN_BYTES (256u << 10)
+/* Candidate frames read at once, at most (3,000 frames of zeros: 100 MiB
+ * of holes at 32 KiB a frame) */
+#define RUN_BYTES (64u << 10)
 
 #define ZERO_SUMS 8
 static pthread_mutex_t sums_lock = PTHREAD_MUTEX_INITIALIZER;

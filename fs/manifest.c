@@ -63,7 +63,7 @@ struct header_call {
 };
 
 /* The header's holes=, if there: 0, or -EBADMSG for one that does not
- * parse or whose ids do not ascend. */
+ * parse, whose ids do not ascend, or name no data file. */
 static int read_holes(struct manifest *mf, const char *line, size_t len)
 {
 	const char *p, *end;
@@ -76,6 +76,8 @@ static int read_holes(struct manifest *mf, const char *line, size_t len)
 	cap = 1;
 	for (const char *c = p; c < end; c++)
 		cap += *c == ',';
+	if (cap > mf->ndata) /* ids ascend, below ndata */
+		return -EBADMSG;
 	mf->hole_ids = malloc(cap * sizeof(*mf->hole_ids));
 	mf->hole_bytes = malloc(cap * sizeof(*mf->hole_bytes));
 	if (!mf->hole_ids || !mf->hole_bytes)
@@ -93,6 +95,7 @@ static int read_holes(struct manifest *mf, const char *line, size_t len)
 			return -EBADMSG;
 		bytes = strtoull(next + 1, &next, 10);
 		if (errno || next > end || (next < end && *next != ',') ||
+		    id >= mf->ndata ||
 		    (mf->nholes && id <= mf->hole_ids[mf->nholes - 1]))
 			return -EBADMSG;
 		mf->hole_ids[mf->nholes] = id;

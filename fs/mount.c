@@ -561,6 +561,7 @@ static int serve(struct daemon *d)
 		       d->opt.threads + (uring ? nq * per_queue : 0))) {
 		fprintf(stderr, "%s: cannot start threads\n", progname);
 		pthread_sigmask(SIG_SETMASK, &mask, NULL);
+		share_stop(&d->ds.cache.budget);
 		push_free(&d->ds);
 		fuse_session_unmount(d->se);
 		watchdog_stop(&wd);
@@ -575,6 +576,7 @@ static int serve(struct daemon *d)
 	}
 	pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	loop_wait(&lp, ret ? NULL : d->fopts.mountpoint);
+	share_stop(&d->ds.cache.budget); /* it reclaims from the tier */
 	ktier_disable(&d->ds.cache);
 	watchdog_stop(&wd);
 	return ret;

@@ -182,8 +182,8 @@ def test_copy():
 
 
 def test_header():
-    """A manifest whose holes= does not parse is damaged: the mount is
-    refused with the reason; one from an older mkzfolio (none) serves
+    """A manifest whose holes= does not parse, or names no data file, is
+    damaged: the mount is refused with the reason; one from an older mkzfolio (none) serves
     st_blocks as the size."""
     with tmpdir() as d:
         files = sparse_tree(d + "/src")
@@ -206,7 +206,8 @@ def test_header():
                   "without holes=: st_blocks %d" % st.st_blocks)
             check(extents(d + "/mnt/img") == holes_of(files["img"], "packed"),
                   "without holes=, the seek still finds the frames of zeros")
-        for bad in (b"1:", b"x:5", b"3:5,2:7", b"1:5;", b"-1:5"):
+        for bad in (b"1:", b"x:5", b"3:5,2:7", b"1:5;", b"-1:5", b"99:5",
+                    b",".join(b"%d:1" % i for i in range(50))):
             rewrite_manifest(d + "/ds/manifest.zst",
                              header(lambda h: h.split(b"\tholes=")[0] + b"\tholes=" + bad))
             r = subprocess.run([ZFOLIO, d + "/ds", d + "/mnt", "-f"],
@@ -248,13 +249,14 @@ def test_store():
 def test_lies():
     """A frame whose seek table gives zeros' checksum but whose bytes are
     not zeros (a table edited, or a checksum that collides) is data to
-    lseek: a hole is only what decodes to zeros, so cp cannot leave a hole
-    where there were bytes."""
+    lseek, also after a real frame of zeros of the same file was seen (its
+    bytes are compared with later ones): a hole is only what decodes to
+    zeros, so cp cannot leave a hole where there were bytes."""
     with tmpdir() as d:
         os.makedirs(d + "/src")
         size = 5 * FRAME
-        with open(d + "/src/aaa", "wb") as f:  # a few bytes a frame too
-            f.write(b"a" * size)
+        with open(d + "/src/aaa", "wb") as f:  # a few bytes a frame too,
+            f.write(bytes(FRAME) + b"a" * (size - FRAME))  # after zeros
         with open(d + "/src/zeros", "wb") as f:
             f.write(bytes(size))
         pack(d + "/src", d + "/ds", TREE, "--frame", "%dK" % (FRAME // KIB))
@@ -277,8 +279,10 @@ def test_lies():
             f.write(struct.pack("<I", zsum))
         with Mount(d + "/ds", d + "/mnt"):
             check(extents(d + "/mnt/zeros") == [], "zeros: not a hole")
+            # frame 0 is zeros (the bytes compared with after it); the
+            # forged frame 2 is not
             got = extents(d + "/mnt/aaa")
-            check(got == [(0, size)], "aaa: data at %r: a frame of 'a' taken for a hole" % got)
+            check(got == [(FRAME, size)], "aaa: data at %r: a frame of 'a' taken for a hole" % got)
 
 
 if __name__ == "__main__":

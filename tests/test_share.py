@@ -173,7 +173,9 @@ def test_members():
         opts = "share=%s,share_max=16M" % name
         with Mount(sets[0][0], d + "/m0", opts) as m0:
             for bad, needle in (("share=%s,share_max=8M" % name, "share_max"),
-                                ("share=a/b", "share=a/b")):
+                                ("share=a/b", "share=a/b"),
+                                ("share_max=8M", "without share="),
+                                ("share=%s,share_max=4K" % name, "at least 1M")):
                 os.makedirs(d + "/x", exist_ok=True)
                 r = subprocess.run([ZFOLIO, sets[1][0], d + "/x", "-o", bad],
                                    capture_output=True, text=True, timeout=30 * SLOW)

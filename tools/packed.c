@@ -65,6 +65,9 @@ struct place_in_data {
 	uint64_t id, off;
 };
 
+/* The most bytes of the header's holes= (about 70,000 big files) */
+#define HOLES_MAX (1u << 20)
+
 struct packed {
 	struct packer *pk;
 	const char *dst_path;
@@ -362,10 +365,14 @@ static struct place_in_data data_write(struct packed *p, int fd,
 		size_t len = left < pk->frame ? (size_t)left : pk->frame;
 
 		left -= len;
-		if (queue_frame(pk, of, fd, len, spath))
+		/* frames the mount serves whole: those are its holes */
+		if (queue_frame(pk, of, fd, len, spath) &&
+		    len <= ZSEEK_SPLIT_ABOVE)
 			zeros += len;
 	}
-	if (zeros) {
+	/* the header is one frame, read whole: past HOLES_MAX the rest of
+	 * the files count their frames of zeros in st_blocks */
+	if (zeros && p->holes_len + sizeof(item) <= HOLES_MAX) {
 		n = snprintf(item, sizeof(item), "%llu:%llu,",
 			     (unsigned long long)d.id,
 			     (unsigned long long)zeros);
