@@ -154,8 +154,10 @@ struct budget {
  * share.c: a limit over several mounts (processes), met in a file at path
  * (share_join: 0, or -errno with the reason in err); share_start runs the
  * member's thread, which every SHARE_TICK_MS reclaims its part of what the
- * members hold together above max_pages (share_step); share_stop stops it
- * (before what it reclaims from goes), share_leave gives the slot back.
+ * members hold together above max_pages (share_step), and at once when a
+ * charge takes them over it (share_kick, with this member's pages now);
+ * share_stop stops it (before what it reclaims from goes), share_leave
+ * gives the slot back.
  */
 #define SHARE_TICK_MS 10
 #define SHARE_IDLE_MS 1000 /* a member that served no read for this long */
@@ -164,6 +166,7 @@ int share_join(struct budget *b, const char *path, const char *name,
 	       unsigned long max_pages, char *err, size_t errlen);
 int share_start(struct budget *b);
 void share_step(struct share *s);
+void share_kick(struct share *s, long mine);
 void share_stop(struct budget *b);
 void share_leave(struct budget *b);
 int share_describe(const struct budget *b, char *buf, size_t len);
@@ -206,6 +209,7 @@ bool reclaim_for_batch(struct group *g, unsigned long nr, bool for_ra);
 unsigned long reclaim_pass(struct group *g, unsigned long nr, bool for_ra);
 int reclaim_proactive(struct group *g, unsigned long nr_pages);
 unsigned long reclaim_headroom_pages(const struct group *g);
+unsigned long reclaim_headroom_of(unsigned long max);
 unsigned long reclaim_batch_size(unsigned long target,
 				 unsigned long reclaimed);
 int group_set_max(struct group *g, long max_pages);

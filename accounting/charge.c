@@ -244,13 +244,17 @@ static void expedite(struct group *g)
 /* at most 8 MiB a pass, so a big budget does not evict a lot at once */
 #define RECLAIM_HEADROOM_MAX 2048
 
-/* The pages a pass with headroom frees at g's limit, at the least. */
-unsigned long reclaim_headroom_pages(const struct group *g)
+/* The pages a pass with headroom frees at a limit of max, at the least. */
+unsigned long reclaim_headroom_of(unsigned long max)
 {
-	unsigned long room = (unsigned long)counter_max(&g->mem) >>
-			     RECLAIM_HEADROOM_SHIFT;
+	unsigned long room = max >> RECLAIM_HEADROOM_SHIFT;
 
 	return room > RECLAIM_HEADROOM_MAX ? RECLAIM_HEADROOM_MAX : room;
+}
+
+unsigned long reclaim_headroom_pages(const struct group *g)
+{
+	return reclaim_headroom_of((unsigned long)counter_max(&g->mem));
 }
 
 static unsigned long reclaim_size(struct group *over, unsigned long nr)
@@ -280,6 +284,9 @@ retry:
 		if (batch > nr)
 			refill_stock(g, batch - nr);
 		check_high(g);
+		if (g->budget->share)
+			share_kick(g->budget->share,
+				   counter_read(&g->budget->root.mem));
 		return 0;
 	}
 	if (batch > nr) {

@@ -14,10 +14,15 @@
  * proportion to what it holds, and what they cannot give from the busy
  * ones, again by size (the kernel scans the cgroups under a parent in
  * proportion to their size): an idle mount's cache gives way to a busy
- * one's, and busy ones share the room.  Between two ticks the
- * total may pass the limit by what the members read meanwhile, as a
- * cgroup passes memory.high; each member's own memory.max still holds at
- * every charge.
+ * one's, and busy ones share the room.
+ *
+ * A charge that takes the total (this member's pages as they are, the
+ * others' as it last saw them) over the limit does not wait for the tick:
+ * it wakes every member's thread at once (a futex word in the file, shared
+ * by the processes), once until this member has looked again (share_kick).
+ * So the total passes the limit only by what the members read while their
+ * threads reclaim, as a cgroup passes memory.high; each member's own
+ * memory.max still holds at every charge.
  *
  * A member holds a lock on its slot's byte (an open file description's
  * lock: the kernel drops it when the member's process ends, and a daemon
@@ -26,6 +31,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,16 +40,17 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "accounting.h"
 
 #define SHARE_MAGIC 0x7a667368u /* "zfsh" */
-#define SHARE_VERSION 3
+#define SHARE_VERSION 4
 #define SHARE_SLOTS 64
-/* ticks a member that could not free what it was asked waits */
-#define SHARE_BACKOFF 10
+/* ms a member that could not free what it was asked waits */
+#define SHARE_BACKOFF_MS (10 * SHARE_TICK_MS)
 
 /* atomics in a file shared by processes: only if free of locks */
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
@@ -58,6 +66,8 @@ struct share_slot {
 struct share_file {
 	uint32_t magic, version;
 	int64_t max_pages;
+	_Atomic uint32_t wake; /* futex: bumped to wake every member */
+	uint32_t pad;
 	struct share_slot slot[SHARE_SLOTS];
 };
 /* slot i's lock is on byte LOCK_AT + i, past the data */
@@ -69,13 +79,14 @@ struct share {
 	char *path;
 	int fd;
 	int slot;
-	int backoff; /* ticks to wait yet */
+	int64_t backoff_until; /* ms: it could not free, it waits */
 	char *name;
 	pthread_t thread;
-	bool running, stop;
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	atomic_ulong reclaims, reclaimed;
+	bool running;
+	atomic_bool stop;
+	atomic_long others; /* the other members' pages, as last seen */
+	atomic_bool kicked; /* woke the members; not looked since */
+	atomic_ulong reclaims, reclaimed, kicks;
 	long reads; /* the root's pgfault at the last tick */
 };
 
@@ -114,7 +125,6 @@ int share_join(struct budget *b, const char *path, const char *name,
 	       unsigned long max_pages, char *err, size_t errlen)
 {
 	struct share *s = calloc(1, sizeof(*s));
-	pthread_condattr_t ca;
 	struct stat st;
 	int r = 0;
 
@@ -216,11 +226,6 @@ int share_join(struct budget *b, const char *path, const char *name,
 	}
 	flock(s->fd, LOCK_UN);
 	s->path = strdup(path);
-	pthread_mutex_init(&s->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&s->cond, &ca);
-	pthread_condattr_destroy(&ca);
 	b->share = s;
 	return 0;
 fail:
@@ -255,7 +260,35 @@ static long share_total(struct share *s, long mine, long *idle)
 		    pages > (long)atomic_load(&sl->pinned))
 			*idle += pages - (long)atomic_load(&sl->pinned);
 	}
+	atomic_store(&s->others, total - mine);
 	return total;
+}
+
+static void futex_wake_all(_Atomic uint32_t *word)
+{
+	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL,
+		NULL, 0);
+}
+
+/* Wait until the word is no longer seen, or ms pass. */
+static void futex_wait_ms(_Atomic uint32_t *word, uint32_t seen, long ms)
+{
+	struct timespec t = {.tv_sec = ms / 1000,
+			     .tv_nsec = (ms % 1000) * 1000000L};
+
+	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &t, NULL, 0);
+}
+
+void share_kick(struct share *s, long mine)
+{
+	if (mine + atomic_load_explicit(&s->others, memory_order_relaxed) <=
+		    s->f->max_pages ||
+	    atomic_load_explicit(&s->kicked, memory_order_relaxed) ||
+	    atomic_exchange(&s->kicked, true))
+		return;
+	atomic_fetch_add(&s->kicks, 1);
+	atomic_fetch_add(&s->f->wake, 1);
+	futex_wake_all(&s->f->wake);
 }
 
 /* a * b / c, rounded up, without overflow for page counts */
@@ -280,13 +313,19 @@ void share_step(struct share *s)
 	}
 	busy = atomic_load(&me->busy_ms) >= now_ms() - SHARE_IDLE_MS;
 	total = share_total(s, mine, &idle);
-	if (s->backoff) { /* what it holds, it could not free just now */
-		s->backoff--;
+	/* what it holds, it could not free just now: no kick either */
+	if (now_ms() < s->backoff_until)
 		return;
-	}
+	atomic_store(&s->kicked, false);
 	excess = total - (long)s->f->max_pages;
 	if (excess <= 0 || mine <= 0)
 		return;
+	/* over it, room for the next reads too, as a budget's pass makes
+	 * (ra_reclaim=batch): the members then look again only after that
+	 * much is read, not at every charge */
+	if (s->b->cfg.reclaim_headroom)
+		excess += (long)reclaim_headroom_of(
+			(unsigned long)s->f->max_pages);
 	/* the idle first, by size; the rest from the busy, by size */
 	from_idle = excess < idle ? excess : idle;
 	if (busy)
@@ -301,7 +340,7 @@ void share_step(struct share *s)
 	stuck = reclaim_proactive(root, (unsigned long)part) == -EAGAIN;
 	mine = counter_read(&root->mem);
 	atomic_store(&me->pinned, stuck ? mine : 0);
-	s->backoff = stuck ? SHARE_BACKOFF : 0;
+	s->backoff_until = stuck ? now_ms() + SHARE_BACKOFF_MS : 0;
 	atomic_fetch_add(&s->reclaims, 1);
 	if (before > mine)
 		atomic_fetch_add(&s->reclaimed, (unsigned long)(before - mine));
@@ -312,31 +351,22 @@ static void *share_main(void *arg)
 {
 	struct share *s = arg;
 	const struct budget_ops *ops = s->b->ops;
+	uint32_t seen = atomic_load(&s->f->wake);
 
 	if (ops && ops->thread_state)
 		ops->thread_state(THREAD_REGISTER, s->b->ops_priv);
-	pthread_mutex_lock(&s->lock);
-	while (!s->stop) {
-		struct timespec until;
-
-		clock_gettime(CLOCK_MONOTONIC, &until);
-		until.tv_nsec += SHARE_TICK_MS * 1000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
+	/* a kick while it steps is not lost: the word is not what it saw */
+	while (!atomic_load(&s->stop)) {
 		if (ops && ops->thread_state)
 			ops->thread_state(THREAD_OFFLINE, s->b->ops_priv);
-		pthread_cond_timedwait(&s->cond, &s->lock, &until);
+		futex_wait_ms(&s->f->wake, seen, SHARE_TICK_MS);
 		if (ops && ops->thread_state)
 			ops->thread_state(THREAD_ONLINE, s->b->ops_priv);
-		if (s->stop)
+		if (atomic_load(&s->stop))
 			break;
-		pthread_mutex_unlock(&s->lock);
+		seen = atomic_load(&s->f->wake);
 		share_step(s);
-		pthread_mutex_lock(&s->lock);
 	}
-	pthread_mutex_unlock(&s->lock);
 	if (ops && ops->thread_state)
 		ops->thread_state(THREAD_UNREGISTER, s->b->ops_priv);
 	return NULL;
@@ -352,7 +382,7 @@ int share_start(struct budget *b)
 	/* a daemon that forked after joining: the slot (its lock is the
 	 * open file's, which the fork shares) is this process's now */
 	atomic_store(&s->f->slot[s->slot].pid, (int32_t)getpid());
-	s->stop = false;
+	atomic_store(&s->stop, false);
 	err = pthread_create(&s->thread, NULL, share_main, s);
 	if (err)
 		return -err;
@@ -366,10 +396,10 @@ void share_stop(struct budget *b)
 
 	if (!s || !s->running)
 		return;
-	pthread_mutex_lock(&s->lock);
-	s->stop = true;
-	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
+	/* the others' threads wake too, and look once more: no harm */
+	atomic_store(&s->stop, true);
+	atomic_fetch_add(&s->f->wake, 1);
+	futex_wake_all(&s->f->wake);
 	pthread_join(s->thread, NULL);
 	s->running = false;
 }
@@ -395,8 +425,6 @@ void share_leave(struct budget *b)
 	munmap(s->f, sizeof(*s->f));
 	close(s->fd); /* and with it the slot's lock and the flock */
 	free(s->path);
-	pthread_mutex_destroy(&s->lock);
-	pthread_cond_destroy(&s->cond);
 	free(s->name);
 	free(s);
 	b->share = NULL;
@@ -416,11 +444,12 @@ int share_describe(const struct budget *b, char *buf, size_t len)
 		}
 	return snprintf(buf, len,
 			"name %s\nmax %llu\ncurrent %llu\nmembers %ld\n"
-			"reclaims %lu\nreclaimed %llu\n",
+			"reclaims %lu\nreclaimed %llu\nkicks %lu\n",
 			s->name,
 			(unsigned long long)s->f->max_pages << ZF_PAGE_SHIFT,
 			(unsigned long long)total << ZF_PAGE_SHIFT, members,
 			atomic_load(&s->reclaims),
 			(unsigned long long)atomic_load(&s->reclaimed)
-				<< ZF_PAGE_SHIFT);
+				<< ZF_PAGE_SHIFT,
+			atomic_load(&s->kicks));
 }

@@ -222,6 +222,82 @@ static void test_dead_member(void)
 	member_fini(&a);
 }
 
+static long kicks(struct member *m)
+{
+	char text[512];
+	const char *k;
+
+	share_describe(&m->b, text, sizeof(text));
+	k = strstr(text, "kicks ");
+	CHECK(k != NULL);
+	return k ? atol(k + 6) : -1;
+}
+
+/* n more pages charged as the cache charges them: a charge that takes the
+ * share over its limit kicks it */
+static void charge(struct member *m, long n)
+{
+	CHECK_EQ(charge_demand(&m->b.root, (unsigned long)n), 0);
+	atomic_fetch_add(&m->f.pool, n);
+}
+
+/* A charge over the limit wakes the members at once, once until this one
+ * has looked again; under the limit, or with the others unseen, none. */
+static void test_kick(void)
+{
+	struct member a, b;
+
+	pair(&a, &b, 100000, 1000);
+	fill(&a, 600);
+	charge(&b, 500); /* b has not seen a's 600 yet */
+	CHECK_EQ(kicks(&b), 0);
+	share_step(a.b.share);
+	share_step(b.b.share); /* 1100: b gives its part, sees a's */
+	CHECK(held(&a) + held(&b) <= 1000 + 64);
+	CHECK_EQ(kicks(&b), 0);
+	charge(&b, 200);
+	CHECK_EQ(kicks(&b), 1);
+	charge(&b, 200); /* not looked since: no second wake */
+	CHECK_EQ(kicks(&b), 1);
+	share_step(b.b.share);
+	charge(&b, 300);
+	CHECK_EQ(kicks(&b), 2);
+	CHECK_EQ(kicks(&a), 0);
+	member_fini(&a);
+	member_fini(&b);
+}
+
+/* The members' threads, woken by kicks, keep the total near the limit
+ * while one charges as the cache does. */
+static void test_kick_threads(void)
+{
+	struct member a, b;
+	long most = 0;
+
+	pair(&a, &b, 100000, 2000);
+	fill(&a, 1500);
+	CHECK_EQ(share_start(&a.b), 0);
+	CHECK_EQ(share_start(&b.b), 0);
+	for (int i = 0; i < 2000; i++) {
+		long now;
+
+		charge(&b, 100);
+		now = held(&a) + held(&b);
+		if (i >= 500) /* after both have looked */
+			most = now > most ? now : most;
+		usleep(50);
+	}
+	usleep(20 * SHARE_TICK_MS * 1000);
+	CHECK(held(&a) + held(&b) <= 2000);
+	CHECK(kicks(&b) > 0);
+	CHECK(held(&a) < 1500);
+	/* 2,100-2,300 with kicks, 10,700 by ticks alone */
+	CHECK(most < 4000);
+	printf("  most %ld of 2000 while the last 150,000 pages were charged\n", most);
+	member_fini(&a);
+	member_fini(&b);
+}
+
 struct filler {
 	struct member *m;
 	atomic_bool stop;
@@ -272,6 +348,8 @@ int main(void)
 	RUN(test_refusals);
 	RUN(test_dead_member);
 	RUN(test_threads);
+	RUN(test_kick);
+	RUN(test_kick_threads);
 	unlink(path);
 	rmdir(dir);
 	return check_done();
