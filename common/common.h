@@ -117,6 +117,9 @@ void text_json_string(struct text *t, const char *s);
 	  "metadata: frame indexes, manifest keys, inodes")                    \
 	X(DECODER_WINDOWS, "decoder_windows", gauge,                           \
 	  "windows of stream decoders, for frames served in pieces")           \
+	X(DECODER_CKPTS, "decoder_checkpoints", gauge,                         \
+	  "stream decoders' states saved to go back to (in an eighth of the "  \
+	  "budget)")                                                           \
 	X(BUF_POOL, "buffer_pool", gauge,                                      \
 	  "idle buffers kept for reuse, not charged (at most 16 MiB)")         \
 	X(CCACHE, "compressed_cache", gauge,                                   \
@@ -195,6 +198,9 @@ void text_json_string(struct text *t, const char *s);
 	  "reads in a big frame that decoded it again from its start")         \
 	X(DECODER_SKIPPED, "decoder_skipped_bytes", event,                     \
 	  "bytes of big frames decoded only to get past them")                 \
+	X(DECODER_CKPT_RESTORES, "decoder_checkpoint_restores", event,         \
+	  "reads in a big frame that went back to a saved state, not to the "  \
+	  "start")                                                             \
 	X(FILES_KEPT, "files_kept", event,                                     \
 	  "files whose inode the kernel forgot, kept with their cached data")  \
 	X(FILES_KEPT_REUSED, "files_kept_reused", event,                       \

@@ -13,6 +13,7 @@
 #ifndef ZF_FORMAT_H
 #define ZF_FORMAT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -235,18 +236,44 @@ size_t zseek_compress_frame(ZSTD_CCtx *cctx, int level, const void *src,
 			    size_t len, void *dst, size_t cap,
 			    uint32_t *checksum);
 
-/* Streaming a frame from its start: for frames without a usable size. */
+/*
+ * Streaming a frame from its start: for frames too big to decode whole or
+ * without a usable size (stream.c).  Checkpoints: the decoder's state
+ * saved every ck_every bytes of content (a multiple of ZSEEK_SUBFOLIO;
+ * 0: none) where ck_take(ck_arg, bytes) gives room (ck_give returns it),
+ * so a read behind the stream goes back to the nearest, not to the
+ * frame's start.
+ */
+#define ZSEEK_CKPTS 32
+struct zseek_ckpt {
+	_Atomic uint64_t pos;    /* content offset in its frame; 0: none */
+	_Atomic uint32_t frame;
+	uint64_t in_off;         /* the next compressed byte to read */
+	void *state;             /* the workspace, as it was */
+};
+
 struct zseek_stream {
-	ZSTD_DStream *ds;
+	ZSTD_DStream *ds; /* in ws: a static decoder */
+	void *ws;
+	size_t ws_size;
 	uint32_t frame;   /* the frame being streamed, or UINT32_MAX */
 	uint64_t in_off;  /* next compressed byte to feed */
 	uint64_t out_pos; /* content bytes produced so far in the frame */
 	uint64_t skipped; /* content bytes decoded only to get past them */
+	uint64_t restores; /* reads that went back to a checkpoint */
 	void *inbuf, *scratch;
 	size_t in_cap, in_pos, in_len;
+	uint64_t ck_every;
+	bool (*ck_take)(void *arg, size_t bytes);
+	void (*ck_give)(void *arg, size_t bytes);
+	void *ck_arg;
+	struct zseek_ckpt ck[ZSEEK_CKPTS];
 };
 int zseek_stream_init(struct zseek_stream *s);
 void zseek_stream_free(struct zseek_stream *s);
+void zseek_stream_drop_ckpts(struct zseek_stream *s);
+uint64_t zseek_stream_ckpt_below(const struct zseek_stream *s,
+				 uint32_t frame, uint64_t at);
 int zseek_stream_need(zseek_read_fn rd, void *ctx,
 		      const struct zseek_frame *fr, uint64_t *bytes);
 int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,

@@ -126,6 +126,7 @@ struct zstream {
 	struct zseek_stream s;
 	bool ready;
 	unsigned long pages;       /* charged for its window */
+	uint64_t need;             /* bytes of its window (and buffers) */
 	struct cds_list_head link; /* on the pool's lru while it has one */
 	/* under the owner's stream_lock: where it stands, for the choice */
 	uint32_t frame;

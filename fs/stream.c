@@ -77,6 +77,62 @@ static bool stream_evict_one(struct stream_pool *pool, struct zstream *mine)
 }
 
 /*
+ * Checkpoints of stream decoders, all the mount's together, take at most
+ * an eighth of the budget (windows a quarter): each is a window's worth,
+ * and what it saves is decoding, which the pieces in the cache save too.
+ */
+#define CKPT_SHARE_SHIFT 3
+
+static bool ckpt_take(void *arg, size_t bytes)
+{
+	struct zstream *z = arg;
+	struct group *root = &z->owner->mapping->cache->budget.root;
+	unsigned long pages = pages_of_bytes(bytes);
+
+	if ((unsigned long)stat_read(root, STAT_DECODER_CKPTS) + pages >
+		    (unsigned long)counter_max(&root->mem) >> CKPT_SHARE_SHIFT ||
+	    charge_demand(root, pages)) /* as a window is: folios go */
+		return false;
+	stat_mod(root, STAT_DECODER_CKPTS, (long)pages);
+	return true;
+}
+
+static void ckpt_give(void *arg, size_t bytes)
+{
+	struct zstream *z = arg;
+	struct group *root = &z->owner->mapping->cache->budget.root;
+	unsigned long pages = pages_of_bytes(bytes);
+
+	uncharge(root, pages);
+	stat_mod(root, STAT_DECODER_CKPTS, -(long)pages);
+}
+
+/*
+ * Where a stream saves its state in frame fr, each save costing state
+ * bytes: as many checkpoints as the budget's eighth holds (at most
+ * ZSEEK_CKPTS), spread evenly over the frame, no closer than two states'
+ * worth of content (decoding that much costs about what a read back from
+ * the last one saves); 0, none, when not one fits.
+ */
+static uint64_t ckpt_every(struct zfile *f, const struct zseek_frame *fr,
+			   uint64_t state)
+{
+	struct group *root = &f->mapping->cache->budget.root;
+	uint64_t room = ((uint64_t)counter_max(&root->mem) << ZF_PAGE_SHIFT) >>
+			CKPT_SHARE_SHIFT;
+	uint64_t n = state ? room / state : 0, every;
+
+	if (n > ZSEEK_CKPTS)
+		n = ZSEEK_CKPTS;
+	if (!n)
+		return 0;
+	every = fr->d_size / (n + 1);
+	if (every < 2 * state)
+		every = 2 * state;
+	return (every + ZSEEK_SUBFOLIO - 1) / ZSEEK_SUBFOLIO * ZSEEK_SUBFOLIO;
+}
+
+/*
  * Charge the stream's window to the budget before it is allocated: up to
  * 128 MiB for frames the zstd CLI wrote with --long or --ultra.  Idle
  * streams of other files give their windows back when windows would take
@@ -95,6 +151,7 @@ static int stream_charge(struct zstream *z, const struct zseek_frame *fr)
 
 	if (r)
 		return r;
+	z->need = need;
 	pages = pages_of_bytes(need);
 	/* windows, idle ones of files read before included, never take more
 	 * than a quarter of the budget while one can be given back: the
@@ -152,6 +209,10 @@ static struct zstream *stream_choose(struct zfile *f, uint32_t frame,
 		struct zstream *z = &f->streams[i];
 		uint64_t cost =
 		    z->frame == frame && z->pos <= at ? at - z->pos : at;
+		uint64_t ck = zseek_stream_ckpt_below(&z->s, frame, at);
+
+		if (at - ck < cost)
+			cost = at - ck;
 
 		if (!z->win && most && !room)
 			continue;
@@ -174,8 +235,8 @@ static struct zstream *stream_choose(struct zfile *f, uint32_t frame,
 
 /*
  * The pieces of slot's frame that stream z must decode to reach slot:
- * those from where it stands (or the frame's start, if it must start
- * over), kept in the cache for g as they pass where the budget has room,
+ * those from where it stands (or its nearest checkpoint, or the frame's
+ * start, if it must go back), kept in the cache for g as they pass where the budget has room,
  * instead of decoded into scratch and dropped.  A random reader of a big
  * frame (a plain `zstd` file) then pays for the frame's start once, not at
  * every read.  z's lock is held.
@@ -189,8 +250,12 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 
 	if (!g)
 		return;
+	uint64_t ck = zseek_stream_ckpt_below(&z->s, frame, f->slot_skip[slot]);
+
 	if (z->s.frame == frame && z->s.out_pos <= f->slot_skip[slot])
 		from = z->s.out_pos;
+	if (ck > from) /* the read goes back there */
+		from = ck;
 	while (j > 0 && f->slot_frame[j - 1] == frame &&
 	       f->slot_skip[j - 1] >= from)
 		j--;
@@ -328,19 +393,28 @@ int zfile_read_split(struct zfile *f, unsigned long slot, void *dst, size_t len,
 	if (!r && !z->ready) {
 		r = zseek_stream_init(&z->s);
 		z->ready = r == 0;
+		z->s.ck_take = ckpt_take;
+		z->s.ck_give = ckpt_give;
+		z->s.ck_arg = z;
 	}
 	if (!r) {
 		struct group *root = &f->mapping->cache->budget.root;
-		uint64_t skipped = z->s.skipped;
+		uint64_t skipped = z->s.skipped, restores = z->s.restores;
+		bool behind = f->slot_skip[slot] &&
+			      (z->s.frame != frame ||
+			       z->s.out_pos > f->slot_skip[slot]);
 
-		if (f->slot_skip[slot] &&
-		    (z->s.frame != frame || z->s.out_pos > f->slot_skip[slot]))
-			stat_inc(root, STAT_DECODER_RESTARTS);
+		z->s.ck_every = ckpt_every(f, fr, z->need);
 		split_pass_over(f, z, slot, g);
 		r = zseek_stream_read(&z->s, zfile_read_cb, f, &f->idx, frame,
 				      f->slot_skip[slot], dst, len);
 		stat_mod(root, STAT_DECODER_SKIPPED,
 			 (long)(z->s.skipped - skipped));
+		if (z->s.restores != restores)
+			stat_mod(root, STAT_DECODER_CKPT_RESTORES,
+				 (long)(z->s.restores - restores));
+		else if (behind)
+			stat_inc(root, STAT_DECODER_RESTARTS);
 	}
 	/* where it stands now (the choice never holds a stream's lock) */
 	pthread_mutex_lock(&f->stream_lock);

@@ -280,6 +280,49 @@ def test_passover():
                       "%s: over the budget" % opts)
 
 
+def test_checkpoints():
+    """A plain zstd file bigger than the budget (one 96 MiB frame, zstd -3)
+    read through once at budget=64M: the decoder saves its state twice
+    (an eighth of the budget holds two, every 32 MiB).  Then a page at 38,
+    36 and 34 MiB (evicted by then): each read goes back to the state saved
+    at 32 MiB, not to the frame's start (decoder_checkpoint_restores, not
+    decoder_restarts); one at 20 MiB, before any, starts over.  Every byte
+    right, the budget kept, in both cache modes."""
+    require_root_fuse()
+    mib = 1 << 20
+    with tmpdir() as d:
+        data = text_bytes(96 * mib, 13)
+        plain_zst(d, data, 3)
+        for opts in ("cache=engine,budget=64M", "cache=kernel,budget=64M"):
+            with Mount(d + "/cli", d + "/mnt", opts) as m:
+                fd = os.open(d + "/mnt/f", os.O_RDONLY)
+                try:
+                    for off in range(0, len(data), mib):
+                        check(os.pread(fd, mib, off) == data[off:off + mib],
+                              "%s: at %d" % (opts, off))
+                    held = m.stat()["decoder_checkpoints"]
+                    for at in (38, 36, 34, 20):
+                        off = at * mib + 12345
+                        check(os.pread(fd, 4096, off) == data[off:off + 4096],
+                              "%s: at %d" % (opts, off))
+                        if at == 34:
+                            st = m.stat()
+                finally:
+                    os.close(fd)
+                print("%s: %.1f MiB of states, %d reads went back to one, %d to the "
+                      "start (after 34 MiB: %d), %.0f MiB decoded to get past, peak %s" % (
+                          opts, held / mib, m.stat()["decoder_checkpoint_restores"],
+                          m.stat()["decoder_restarts"], st["decoder_restarts"],
+                          m.stat()["decoder_skipped_bytes"] / mib, m.ctl("memory.peak")))
+                check(0 < held <= 8 * mib, "%s: %d bytes of states" % (opts, held))
+                check(st["decoder_checkpoint_restores"] == 3 and st["decoder_restarts"] == 0,
+                      "%s: %d reads went back to a state, %d to the start" % (
+                          opts, st["decoder_checkpoint_restores"], st["decoder_restarts"]))
+                check(m.stat()["decoder_restarts"] == 1, "%s: 20 MiB went back to a state"
+                      % opts)
+                check(int(m.ctl("memory.peak")) <= 64 * mib, "%s: over the budget" % opts)
+
+
 def test_streams():
     """Two readers going forwards in one big frame (a plain zstd file, 96
     MiB in 1 MiB pieces), 48 MiB apart, their reads taking turns: each has

@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Checkpoints of the stream decoder: a big frame read in any order gives
+ * the right bytes, going back to the nearest saved state before each read
+ * instead of to the frame's start; states are saved where the owner gives
+ * room and given back when the stream goes; the frame's checksum is still
+ * checked at its end, after a read that went back.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../format/format.h"
+#include "check.h"
+#include "memread.h"
+
+#define CONTENT (24u << 20)
+#define EVERY (2u << 20)
+#define PIECE (1u << 20)
+
+struct room {
+	long taken, given, limit;
+};
+
+static bool take(void *arg, size_t bytes)
+{
+	struct room *r = arg;
+
+	(void)bytes;
+	if (r->taken - r->given >= r->limit)
+		return false;
+	r->taken++;
+	return true;
+}
+
+static void give(void *arg, size_t bytes)
+{
+	struct room *r = arg;
+
+	(void)bytes;
+	r->given++;
+}
+
+static unsigned char *src;
+static unsigned char *z;
+static size_t zn;
+
+/* One frame of CONTENT bytes, a 1 MiB window, with its checksum: a plain
+ * `zstd` file, small. */
+static void make_frame(void)
+{
+	ZSTD_CCtx *c = ZSTD_createCCtx();
+	size_t cap = ZSTD_compressBound(CONTENT);
+	unsigned long long x = 88172645463325252ull;
+
+	src = malloc(CONTENT);
+	z = malloc(cap);
+	for (size_t i = 0; i < CONTENT; i++) { /* text-like: 3:1 or so */
+		if (i % 16 == 0) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+		}
+		src[i] = (unsigned char)("etaoin shrdlu\n"[(x >> (i % 16 * 4)) %
+							  14]);
+	}
+	ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 3);
+	ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, 20);
+	ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1);
+	zn = ZSTD_compress2(c, z, cap, src, CONTENT);
+	CHECK(!ZSTD_isError(zn));
+	ZSTD_freeCCtx(c);
+}
+
+static void stream_with(struct zseek_stream *s, struct room *r)
+{
+	CHECK_EQ(zseek_stream_init(s), 0);
+	s->ck_every = EVERY;
+	s->ck_take = take;
+	s->ck_give = give;
+	s->ck_arg = r;
+}
+
+static void index_of(struct memfile *m, struct zseek_index *idx)
+{
+	char err[256];
+
+	*idx = (struct zseek_index){0};
+	CHECK_EQ(zseek_index_build(mem_read, m, m->len, true, idx, err,
+				   sizeof(err)),
+		 0);
+	CHECK_EQ(idx->nframes, 1);
+}
+
+/* Read through once: a state saved at every 2 MiB inside the frame; then
+ * pieces backwards, each from the checkpoint just before it. */
+static void test_back(void)
+{
+	struct memfile m = {z, zn};
+	struct zseek_index idx;
+	struct zseek_stream s;
+	struct room r = {.limit = 100};
+	unsigned char *got = malloc(PIECE);
+	uint64_t skipped;
+
+	index_of(&m, &idx);
+	stream_with(&s, &r);
+	for (uint64_t off = 0; off < CONTENT; off += PIECE) {
+		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, off, got,
+					   PIECE),
+			 0);
+		CHECK(memcmp(got, src + off, PIECE) == 0);
+	}
+	CHECK_EQ(r.taken, CONTENT / EVERY - 1); /* not at 0, nor at the end */
+	CHECK_EQ(s.restores, 0);
+	skipped = s.skipped;
+	for (int k = 0; k < 8; k++) { /* 23, 20, ... 2 MiB and a bit */
+		uint64_t off = CONTENT - PIECE + 12345 - k * 3ull * PIECE;
+		uint64_t ck = zseek_stream_ckpt_below(&s, 0, off);
+
+		CHECK(ck > 0 && ck <= off && off - ck < EVERY);
+		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, off, got,
+					   4096),
+			 0);
+		CHECK(memcmp(got, src + off, 4096) == 0);
+	}
+	CHECK_EQ(s.restores, 8);
+	/* each went back to within EVERY of its bytes */
+	CHECK(s.skipped - skipped < 8 * (uint64_t)EVERY);
+	/* the frame's end, after going back: its checksum checked */
+	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, CONTENT - PIECE,
+				   got, PIECE),
+		 0);
+	CHECK(memcmp(got, src + CONTENT - PIECE, PIECE) == 0);
+	zseek_stream_free(&s);
+	CHECK_EQ(r.given, r.taken); /* all given back */
+	CHECK_EQ(zseek_stream_ckpt_below(&s, 0, CONTENT), 0);
+	zseek_index_free(&idx);
+	free(got);
+}
+
+/* Reads in a random order, a few bytes to a piece: every byte right;
+ * only as many states as the owner gives room for. */
+static void test_random(void)
+{
+	struct memfile m = {z, zn};
+	struct zseek_index idx;
+	struct zseek_stream s;
+	struct room r = {.limit = 3};
+	unsigned char *got = malloc(PIECE);
+	unsigned int seed = 7;
+
+	index_of(&m, &idx);
+	stream_with(&s, &r);
+	for (int i = 0; i < 60; i++) {
+		size_t len = 1 + (size_t)rand_r(&seed) % PIECE;
+		uint64_t off = (uint64_t)rand_r(&seed) % (CONTENT - len);
+
+		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, off, got,
+					   len),
+			 0);
+		CHECK(memcmp(got, src + off, len) == 0);
+	}
+	CHECK_EQ(r.taken, 3);
+	CHECK(s.restores > 0);
+	zseek_stream_drop_ckpts(&s);
+	CHECK_EQ(r.given, 3);
+	zseek_stream_free(&s);
+	zseek_index_free(&idx);
+	free(got);
+}
+
+/* A checksum that fails is found at the frame's end whether the read came
+ * there from the start or from a checkpoint. */
+static void test_checksum(void)
+{
+	unsigned char *bad = malloc(zn);
+	struct memfile m = {bad, zn};
+	struct zseek_index idx;
+	struct zseek_stream s;
+	struct room r = {.limit = 100};
+	unsigned char *got = malloc(PIECE);
+
+	memcpy(bad, z, zn);
+	bad[zn - 1] ^= 0x40; /* the frame's checksum, its last 4 bytes */
+	index_of(&m, &idx);
+	stream_with(&s, &r);
+	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, CONTENT - PIECE,
+				   got, PIECE),
+		 -EBADMSG);
+	CHECK(r.taken > 0);
+	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, CONTENT - PIECE,
+				   got, PIECE),
+		 -EBADMSG);
+	CHECK_EQ(s.restores, 1);
+	zseek_stream_free(&s);
+	CHECK_EQ(r.given, r.taken);
+	zseek_index_free(&idx);
+	free(bad);
+	free(got);
+}
+
+int main(void)
+{
+	make_frame();
+	RUN(test_back);
+	RUN(test_random);
+	RUN(test_checksum);
+	free(src);
+	free(z);
+	return check_done();
+}
