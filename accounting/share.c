@@ -51,6 +51,8 @@
 #define SHARE_SLOTS 64
 /* ms a member that could not free what it was asked waits */
 #define SHARE_BACKOFF_MS (10 * SHARE_TICK_MS)
+/* ms between two wakes of the members by one member */
+#define SHARE_KICK_MIN_MS 1
 
 /* atomics in a file shared by processes: only if free of locks */
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
@@ -86,6 +88,7 @@ struct share {
 	atomic_bool stop;
 	atomic_long others; /* the other members' pages, as last seen */
 	atomic_bool kicked; /* woke the members; not looked since */
+	atomic_llong kick_ms; /* when it last did */
 	atomic_ulong reclaims, reclaimed, kicks;
 	long reads; /* the root's pgfault at the last tick */
 };
@@ -281,11 +284,22 @@ static void futex_wait_ms(_Atomic uint32_t *word, uint32_t seen, long ms)
 
 void share_kick(struct share *s, long mine)
 {
+	int64_t now;
+
 	if (mine + atomic_load_explicit(&s->others, memory_order_relaxed) <=
 		    s->f->max_pages ||
-	    atomic_load_explicit(&s->kicked, memory_order_relaxed) ||
+	    atomic_load_explicit(&s->kicked, memory_order_relaxed))
+		return;
+	/* at most one a millisecond: a member that does not give (stopped,
+	 * or deep in a reclaim) must not have the others woken at every
+	 * charge */
+	now = now_ms();
+	if (now < atomic_load(&s->kick_ms) + SHARE_KICK_MIN_MS ||
 	    atomic_exchange(&s->kicked, true))
 		return;
+	atomic_store(&s->kick_ms, now);
+	/* the others count what it holds now, not at its last look */
+	atomic_store(&s->f->slot[s->slot].pages, mine);
 	atomic_fetch_add(&s->kicks, 1);
 	atomic_fetch_add(&s->f->wake, 1);
 	futex_wake_all(&s->f->wake);
@@ -302,10 +316,15 @@ void share_step(struct share *s)
 	struct group *root = &s->b->root;
 	struct share_slot *me = &s->f->slot[s->slot];
 	long reads = stat_read(root, STAT_PGFAULT);
-	long mine = counter_read(&root->mem), idle, total, excess, part;
-	long from_idle, before;
-	bool busy, stuck;
+	long mine, idle, total, excess, part, from_idle, before;
+	bool busy, stuck, backoff = now_ms() < s->backoff_until;
 
+	/* a charge from now on may kick again: its pages are counted below,
+	 * or it sees kicked false (what it holds, it could not free just
+	 * now: no kick while it waits) */
+	if (!backoff)
+		atomic_store(&s->kicked, false);
+	mine = counter_read(&root->mem);
 	if (reads != s->reads) {
 		s->reads = reads;
 		atomic_store(&me->busy_ms, now_ms());
@@ -313,10 +332,8 @@ void share_step(struct share *s)
 	}
 	busy = atomic_load(&me->busy_ms) >= now_ms() - SHARE_IDLE_MS;
 	total = share_total(s, mine, &idle);
-	/* what it holds, it could not free just now: no kick either */
-	if (now_ms() < s->backoff_until)
+	if (backoff)
 		return;
-	atomic_store(&s->kicked, false);
 	excess = total - (long)s->f->max_pages;
 	if (excess <= 0 || mine <= 0)
 		return;
@@ -422,12 +439,12 @@ void share_leave(struct budget *b)
 	if (!members && !fstat(s->fd, &mine) && !stat(s->path, &now) &&
 	    mine.st_ino == now.st_ino && mine.st_dev == now.st_dev)
 		unlink(s->path);
+	b->share = NULL;
 	munmap(s->f, sizeof(*s->f));
 	close(s->fd); /* and with it the slot's lock and the flock */
 	free(s->path);
 	free(s->name);
 	free(s);
-	b->share = NULL;
 }
 
 int share_describe(const struct budget *b, char *buf, size_t len)

@@ -90,8 +90,12 @@ static bool ckpt_take(void *arg, size_t bytes)
 	unsigned long pages = pages_of_bytes(bytes);
 
 	if ((unsigned long)stat_read(root, STAT_DECODER_CKPTS) + pages >
-		    (unsigned long)counter_max(&root->mem) >> CKPT_SHARE_SHIFT ||
-	    charge_demand(root, pages)) /* as a window is: folios go */
+		    (unsigned long)counter_max(&root->mem) >> CKPT_SHARE_SHIFT)
+		return false;
+	/* folios go for it, one pass's worth: not a demand's retries and
+	 * grace periods (the stream's lock is held), nor its events */
+	if (charge_nowait(root, pages) &&
+	    (reclaim_pass(root, pages, false), charge_nowait(root, pages)))
 		return false;
 	stat_mod(root, STAT_DECODER_CKPTS, (long)pages);
 	return true;

@@ -16,8 +16,26 @@
 static ZSTD_DCtx *dctx;
 static uint8_t *out;
 
+static bool ckpt_room(void *arg, size_t bytes)
+{
+	size_t *held = arg;
+
+	if (*held + bytes > (64u << 20))
+		return false;
+	*held += bytes;
+	return true;
+}
+
+static void ckpt_back(void *arg, size_t bytes)
+{
+	size_t *held = arg;
+
+	*held -= bytes;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+	size_t held = 0;
 	struct zseek_frame fr = {0};
 	struct zseek_index idx = {0};
 	struct zseek_stream s;
@@ -39,18 +57,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fr.sized = true;
 	(void)zseek_decode_frame(dctx, &fr, true, data + 8, out);
 	(void)zseek_decode_frame(dctx, &fr, false, data + 8, out);
-	/* streamed: a sub-folio from the middle, then from the start */
+	/* streamed: a sub-folio from the middle, then from the start, then
+	 * the middle again from a checkpoint saved on the way (every 1 KiB,
+	 * in at most 64 MiB: a hostile header's window may be big) */
 	m = (struct memfile){data, size};
 	idx.nframes = 1;
 	idx.frames = &fr;
 	if (zseek_stream_init(&s) == 0) {
+		s.ck_every = 1024;
+		s.ck_take = ckpt_room;
+		s.ck_give = ckpt_back;
+		s.ck_arg = &held;
 		if (fr.d_size >= 2)
 			(void)zseek_stream_read(&s, mem_read, &m, &idx, 0,
 						fr.d_size / 2,
 						out, fr.d_size - fr.d_size / 2);
 		(void)zseek_stream_read(&s, mem_read, &m, &idx, 0, 0, out,
 					fr.d_size);
+		if (fr.d_size >= 2)
+			(void)zseek_stream_read(&s, mem_read, &m, &idx, 0,
+						fr.d_size / 2,
+						out, fr.d_size - fr.d_size / 2);
 		zseek_stream_free(&s);
+		if (held) /* every state given back */
+			__builtin_trap();
 	}
 	return 0;
 }
