@@ -267,6 +267,7 @@ struct zseek_stream {
 	bool (*ck_take)(void *arg, size_t bytes);
 	void (*ck_give)(void *arg, size_t bytes);
 	void *ck_arg;
+	int place; /* 1 + the slot of the place it left going back, or 0 */
 	struct zseek_ckpt ck[ZSEEK_CKPTS];
 };
 int zseek_stream_init(struct zseek_stream *s);

@@ -81,6 +81,8 @@ int zseek_stream_init(struct zseek_stream *s)
 
 static void ckpt_drop(struct zseek_stream *s, struct zseek_ckpt *c)
 {
+	if (s->place == (int)(c - s->ck) + 1)
+		s->place = 0;
 	if (!c->state)
 		return;
 	atomic_store(&c->pos, 0);
@@ -233,24 +235,38 @@ uint64_t zseek_stream_ckpt_below(const struct zseek_stream *s,
 	return best;
 }
 
-/*
- * Save the state where the stream stands, if that is a checkpoint's place
- * (a multiple of ck_every inside the frame) not saved yet and the owner
- * finds room.  A slot of another frame's is taken when all are used.
- */
-static void ckpt_take(struct zseek_stream *s, const struct zseek_frame *fr)
+/* Save the state where the stream stands in slot c, if the owner finds
+ * room: false if not. */
+static bool ckpt_save(struct zseek_stream *s, struct zseek_ckpt *c)
+{
+	if (s->ck_take && !s->ck_take(s->ck_arg, s->ws_size))
+		return false;
+	c->state = malloc(s->ws_size);
+	if (!c->state) {
+		if (s->ck_give)
+			s->ck_give(s->ck_arg, s->ws_size);
+		return false;
+	}
+	memcpy(c->state, s->ws, s->ws_size);
+	/* what was read and not yet given to zstd is read again */
+	c->in_off = s->in_off - (s->in_len - s->in_pos);
+	atomic_store(&c->frame, s->frame);
+	atomic_store(&c->pos, s->out_pos);
+	return true;
+}
+
+/* A slot for a save where the stream stands: a free one, else one of
+ * another frame's; NULL if that place is saved already, or none is. */
+static struct zseek_ckpt *ckpt_slot(struct zseek_stream *s)
 {
 	struct zseek_ckpt *c = NULL;
 
-	if (!s->ck_every || !s->out_pos || s->out_pos % s->ck_every ||
-	    s->out_pos >= fr->d_size)
-		return;
 	for (int i = 0; i < ZSEEK_CKPTS; i++) {
 		struct zseek_ckpt *o = &s->ck[i];
 
 		if (o->state && atomic_load(&o->frame) == s->frame &&
 		    atomic_load(&o->pos) == s->out_pos)
-			return; /* saved before */
+			return NULL; /* saved before */
 		if (!o->state && !c)
 			c = o;
 	}
@@ -259,19 +275,42 @@ static void ckpt_take(struct zseek_stream *s, const struct zseek_frame *fr)
 			c = &s->ck[i];
 			ckpt_drop(s, c);
 		}
-	if (!c || (s->ck_take && !s->ck_take(s->ck_arg, s->ws_size)))
+	return c;
+}
+
+/*
+ * Save the state where the stream stands, if that is a checkpoint's place
+ * (a multiple of ck_every inside the frame) not saved yet and the owner
+ * finds room.
+ */
+static void ckpt_take(struct zseek_stream *s, const struct zseek_frame *fr)
+{
+	struct zseek_ckpt *c;
+
+	if (!s->ck_every || !s->out_pos || s->out_pos % s->ck_every ||
+	    s->out_pos >= fr->d_size)
 		return;
-	c->state = malloc(s->ws_size);
-	if (!c->state) {
-		if (s->ck_give)
-			s->ck_give(s->ck_arg, s->ws_size);
+	c = ckpt_slot(s);
+	if (c)
+		ckpt_save(s, c);
+}
+
+/*
+ * A stream about to go back (another read took it) saves the place it
+ * leaves, one such place at a time: the reader it was following, whose
+ * next read is there, goes on from it instead of from a checkpoint behind.
+ */
+static void ckpt_keep_place(struct zseek_stream *s)
+{
+	struct zseek_ckpt *c;
+
+	if (!s->ck_every || s->frame == UINT32_MAX || !s->out_pos)
 		return;
-	}
-	memcpy(c->state, s->ws, s->ws_size);
-	/* what was read and not yet given to zstd is read again */
-	c->in_off = s->in_off - (s->in_len - s->in_pos);
-	atomic_store(&c->frame, s->frame);
-	atomic_store(&c->pos, s->out_pos);
+	if (s->place)
+		ckpt_drop(s, &s->ck[s->place - 1]);
+	c = ckpt_slot(s);
+	if (c && ckpt_save(s, c))
+		s->place = (int)(c - s->ck) + 1;
 }
 
 /* Put checkpoint c back: the stream stands where it was saved. */
@@ -377,11 +416,17 @@ int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 	const struct zseek_frame frame_v = zseek_frame_at(idx, frame);
 	const struct zseek_frame *fr = &frame_v;
 	bool behind = s->frame != frame || s->out_pos > off_in_frame;
-	struct zseek_ckpt *c = ckpt_below(s, frame, off_in_frame);
+	struct zseek_ckpt *c;
 	int64_t r;
 
 	if (off_in_frame + len > fr->d_size)
 		return -EINVAL;
+	/* going back in the frame: the place it leaves is kept (before
+	 * looking for a checkpoint: the last place kept goes) */
+	if (s->frame == frame && s->out_pos > off_in_frame &&
+	    s->out_pos < fr->d_size)
+		ckpt_keep_place(s);
+	c = ckpt_below(s, frame, off_in_frame);
 	if (c && (behind || atomic_load(&c->pos) > s->out_pos)) {
 		ckpt_restore(s, c);
 	} else if (behind) {

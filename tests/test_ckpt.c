@@ -170,6 +170,49 @@ static void test_random(void)
 	free(got);
 }
 
+/* Two readers taking turns on one stream: a sequential one, and one
+ * reading near the frame's start.  The stream keeps the place it leaves
+ * going back, so the sequential one goes on from there, not from the
+ * checkpoint behind it. */
+static void test_place(void)
+{
+	struct memfile m = {z, zn};
+	struct zseek_index idx;
+	struct zseek_stream s;
+	struct room r = {.limit = 100};
+	unsigned char *got = malloc(PIECE);
+	uint64_t skipped;
+
+	index_of(&m, &idx);
+	stream_with(&s, &r);
+	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, CONTENT - PIECE,
+				   got, PIECE),
+		 0);
+	skipped = s.skipped;
+	for (int i = 0; i < 8; i++) {
+		uint64_t a = 13 * PIECE + PIECE / 2 + (uint64_t)i * PIECE;
+		uint64_t b = 3 * PIECE + 5;
+
+		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, a, got,
+					   PIECE),
+			 0);
+		CHECK(memcmp(got, src + a, PIECE) == 0);
+		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, b, got,
+					   4096),
+			 0);
+		CHECK(memcmp(got, src + b, 4096) == 0);
+	}
+	/* b: 1 MiB from the checkpoint at 2 MiB each time; a: 1.5 MiB from
+	 * the one at 12 MiB the first time, then none, from where it left
+	 * (without the place kept, 0.5 or 1.5 MiB each time) */
+	CHECK(s.skipped - skipped <=
+	      8 * (uint64_t)PIECE + 3 * PIECE / 2 + 8 * 8);
+	zseek_stream_free(&s);
+	CHECK_EQ(r.given, r.taken);
+	zseek_index_free(&idx);
+	free(got);
+}
+
 /* A checksum that fails is found at the frame's end whether the read came
  * there from the start or from a checkpoint. */
 static void test_checksum(void)
@@ -205,6 +248,7 @@ int main(void)
 	make_frame();
 	RUN(test_back);
 	RUN(test_random);
+	RUN(test_place);
 	RUN(test_checksum);
 	free(src);
 	free(z);
