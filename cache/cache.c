@@ -325,6 +325,16 @@ bool mapping_cached(const struct mapping *m, unsigned long index)
 	       atomic_load_explicit(&m->slots[index], memory_order_acquire);
 }
 
+bool mapping_in_flight(const struct mapping *m, unsigned long index)
+{
+	struct folio *f = index < m->nr_folios
+				  ? atomic_load_explicit(&m->slots[index],
+							 memory_order_acquire)
+				  : NULL;
+
+	return f && folio_test(f, FOLIO_LOCKED);
+}
+
 bool mapping_seen(const struct mapping *m, unsigned long index)
 {
 	return m->seen && index < m->nr_folios &&

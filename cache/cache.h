@@ -348,6 +348,9 @@ uint64_t mapping_folio_pos(const struct mapping *m, unsigned long index);
 uint32_t mapping_folio_len(const struct mapping *m, unsigned long index);
 unsigned int mapping_folio_pages(const struct mapping *m, unsigned long i);
 bool mapping_cached(const struct mapping *m, unsigned long index);
+/* Folio index of m is being filled (its filler holds it locked); the
+ * caller is RCU-online. */
+bool mapping_in_flight(const struct mapping *m, unsigned long index);
 /*
  * Folio index of m is most likely in the kernel's page cache (engine mode,
  * mmap): every page of it went there by fills before zfolio evicted it,

@@ -268,6 +268,7 @@ struct zseek_stream {
 	void (*ck_give)(void *arg, size_t bytes);
 	void *ck_arg;
 	int place; /* 1 + the slot of the place it left going back, or 0 */
+	void *spare; /* a state dropped, still the owner's, for the next save */
 	struct zseek_ckpt ck[ZSEEK_CKPTS];
 };
 int zseek_stream_init(struct zseek_stream *s);
@@ -282,6 +283,9 @@ int64_t zseek_stream_count(struct zseek_stream *s, zseek_read_fn rd,
 int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 		      const struct zseek_index *idx, uint32_t frame,
 		      uint64_t off_in_frame, void *dst, size_t len);
+int zseek_stream_keep_at(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
+			 const struct zseek_index *idx, uint32_t frame,
+			 uint64_t off_in_frame);
 
 /*
  * manifest.c: the dataset's tree, one line per entry (see the file's

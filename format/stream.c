@@ -79,6 +79,16 @@ int zseek_stream_init(struct zseek_stream *s)
 	return 0;
 }
 
+static void state_free(struct zseek_stream *s, void *state)
+{
+	free(state);
+	if (s->ck_give)
+		s->ck_give(s->ck_arg, s->ws_size);
+}
+
+/* Checkpoint c goes; its memory is kept as the stream's spare if it has
+ * none (a save a moment later then takes no fresh pages: places are saved
+ * and dropped at every read out of order), given back otherwise. */
 static void ckpt_drop(struct zseek_stream *s, struct zseek_ckpt *c)
 {
 	if (s->place == (int)(c - s->ck) + 1)
@@ -86,16 +96,20 @@ static void ckpt_drop(struct zseek_stream *s, struct zseek_ckpt *c)
 	if (!c->state)
 		return;
 	atomic_store(&c->pos, 0);
-	free(c->state);
+	if (!s->spare)
+		s->spare = c->state;
+	else
+		state_free(s, c->state);
 	c->state = NULL;
-	if (s->ck_give)
-		s->ck_give(s->ck_arg, s->ws_size);
 }
 
 void zseek_stream_drop_ckpts(struct zseek_stream *s)
 {
 	for (int i = 0; i < ZSEEK_CKPTS; i++)
 		ckpt_drop(s, &s->ck[i]);
+	if (s->spare)
+		state_free(s, s->spare);
+	s->spare = NULL;
 }
 
 void zseek_stream_free(struct zseek_stream *s)
@@ -239,13 +253,18 @@ uint64_t zseek_stream_ckpt_below(const struct zseek_stream *s,
  * room: false if not. */
 static bool ckpt_save(struct zseek_stream *s, struct zseek_ckpt *c)
 {
-	if (s->ck_take && !s->ck_take(s->ck_arg, s->ws_size))
-		return false;
-	c->state = malloc(s->ws_size);
-	if (!c->state) {
-		if (s->ck_give)
-			s->ck_give(s->ck_arg, s->ws_size);
-		return false;
+	if (s->spare) {
+		c->state = s->spare;
+		s->spare = NULL;
+	} else {
+		if (s->ck_take && !s->ck_take(s->ck_arg, s->ws_size))
+			return false;
+		c->state = malloc(s->ws_size);
+		if (!c->state) {
+			if (s->ck_give)
+				s->ck_give(s->ck_arg, s->ws_size);
+			return false;
+		}
 	}
 	memcpy(c->state, s->ws, s->ws_size);
 	/* what was read and not yet given to zstd is read again */
@@ -299,15 +318,19 @@ static void ckpt_take(struct zseek_stream *s, const struct zseek_frame *fr)
  * A stream about to go back (another read took it) saves the place it
  * leaves, one such place at a time: the reader it was following, whose
  * next read is there, goes on from it instead of from a checkpoint behind.
+ * The place kept before goes, unless it is keep, the one this read is
+ * about to go back to (which goes once it has been gone back to).
  */
-static void ckpt_keep_place(struct zseek_stream *s)
+static void ckpt_keep_place(struct zseek_stream *s,
+			    const struct zseek_ckpt *keep)
 {
 	struct zseek_ckpt *c;
 
 	if (!s->ck_every || s->frame == UINT32_MAX || !s->out_pos)
 		return;
-	if (s->place)
+	if (s->place && &s->ck[s->place - 1] != keep)
 		ckpt_drop(s, &s->ck[s->place - 1]);
+	s->place = 0;
 	c = ckpt_slot(s);
 	if (c && ckpt_save(s, c))
 		s->place = (int)(c - s->ck) + 1;
@@ -416,19 +439,21 @@ int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 	const struct zseek_frame frame_v = zseek_frame_at(idx, frame);
 	const struct zseek_frame *fr = &frame_v;
 	bool behind = s->frame != frame || s->out_pos > off_in_frame;
-	struct zseek_ckpt *c;
+	struct zseek_ckpt *c = ckpt_below(s, frame, off_in_frame);
+	struct zseek_ckpt *place = s->place ? &s->ck[s->place - 1] : NULL;
 	int64_t r;
 
 	if (off_in_frame + len > fr->d_size)
 		return -EINVAL;
-	/* going back in the frame: the place it leaves is kept (before
-	 * looking for a checkpoint: the last place kept goes) */
+	/* going back in the frame: the place it leaves is kept */
 	if (s->frame == frame && s->out_pos > off_in_frame &&
 	    s->out_pos < fr->d_size)
-		ckpt_keep_place(s);
-	c = ckpt_below(s, frame, off_in_frame);
+		ckpt_keep_place(s, c);
 	if (c && (behind || atomic_load(&c->pos) > s->out_pos)) {
 		ckpt_restore(s, c);
+		/* a place kept is for the one reader that left it */
+		if (c == place && s->place != (int)(c - s->ck) + 1)
+			ckpt_drop(s, c);
 	} else if (behind) {
 		r = stream_reset(s, rd, ctx, fr, frame);
 		if (r < 0)
@@ -462,4 +487,22 @@ int zseek_stream_read(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
 bad:
 	s->frame = UINT32_MAX; /* start over next time */
 	return (int)r;
+}
+
+/*
+ * Bring the stream to off_in_frame of frame and keep that place (as a
+ * stream taken back keeps the place it leaves): a read that is to decode
+ * past a piece another reader is filling leaves that reader its place.
+ */
+int zseek_stream_keep_at(struct zseek_stream *s, zseek_read_fn rd, void *ctx,
+			 const struct zseek_index *idx, uint32_t frame,
+			 uint64_t off_in_frame)
+{
+	int r = zseek_stream_read(s, rd, ctx, idx, frame, off_in_frame,
+				  s->scratch, 0);
+
+	if (!r && (!s->place || atomic_load(&s->ck[s->place - 1].pos) !=
+					 off_in_frame))
+		ckpt_keep_place(s, NULL);
+	return r;
 }

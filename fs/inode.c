@@ -493,6 +493,7 @@ int zfile_create(struct dataset *ds, int fd, struct store_obj *obj,
 	for (int i = 0; i < ZFILE_STREAMS; i++) {
 		f->streams[i].owner = f;
 		f->streams[i].frame = UINT32_MAX;
+		f->streams[i].need_off = UINT64_MAX;
 		CDS_INIT_LIST_HEAD(&f->streams[i].link);
 	}
 	CDS_INIT_LIST_HEAD(&f->fd_link);

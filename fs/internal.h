@@ -127,10 +127,12 @@ struct zstream {
 	bool ready;
 	unsigned long pages;       /* charged for its window */
 	uint64_t need;             /* bytes of its window (and buffers) */
+	uint64_t need_off;         /* for the frame there, or UINT64_MAX */
 	struct cds_list_head link; /* on the pool's lru while it has one */
 	/* under the owner's stream_lock: where it stands, for the choice */
 	uint32_t frame;
 	uint64_t pos;
+	uint64_t from; /* where a reader taking it to pos found it */
 	uint64_t used;     /* the owner's stream_clock at its last choice */
 	unsigned long win; /* pages, as of its last read */
 };

@@ -150,13 +150,16 @@ static int stream_charge(struct zstream *z, const struct zseek_frame *fr)
 	struct zfile *f = z->owner;
 	struct group *root = &f->mapping->cache->budget.root;
 	unsigned long pages;
-	uint64_t need;
-	int r = zseek_stream_need(zfile_read_cb, f, fr, &need);
 
-	if (r)
-		return r;
-	z->need = need;
-	pages = pages_of_bytes(need);
+	/* from the frame's header, read once per frame, not once a piece */
+	if (z->need_off != fr->c_off) {
+		int r = zseek_stream_need(zfile_read_cb, f, fr, &z->need);
+
+		if (r)
+			return r;
+		z->need_off = fr->c_off;
+	}
+	pages = pages_of_bytes(z->need);
 	/* windows, idle ones of files read before included, never take more
 	 * than a quarter of the budget while one can be given back: the
 	 * pieces they decode need the room */
@@ -217,6 +220,11 @@ static struct zstream *stream_choose(struct zfile *f, uint32_t frame,
 
 		if (at - ck < cost)
 			cost = at - ck;
+		/* a reader taking it forwards past at, which another is
+		 * filling, leaves a place there (split_pass_over) */
+		if (z->frame == frame && z->from <= at && at < z->pos &&
+		    at - z->from < cost)
+			cost = at - z->from;
 
 		if (!z->win && most && !room)
 			continue;
@@ -229,6 +237,7 @@ static struct zstream *stream_choose(struct zfile *f, uint32_t frame,
 	best->used = ++f->stream_clock;
 	/* it is on its way there, with a window: the next reader counts
 	 * from there */
+	best->from = best->frame == frame && best->pos <= at ? best->pos : at;
 	best->frame = frame;
 	best->pos = at;
 	if (!best->win)
@@ -251,6 +260,7 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 	uint32_t frame = f->slot_frame[slot];
 	uint64_t from = 0;
 	unsigned long j = slot;
+	bool kept = false;
 
 	if (!g)
 		return;
@@ -264,9 +274,21 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 	       f->slot_skip[j - 1] >= from)
 		j--;
 	for (; j < slot; j++) {
-		struct folio *p = cache_pass_over_begin(f->mapping, j, g);
+		struct folio *p;
 		int r;
 
+		/* another reader is filling this piece: it gets the place
+		 * kept, not a restart from a checkpoint behind (two windows
+		 * of one sequential reader, filled by two workers) */
+		if (!kept && mapping_in_flight(f->mapping, j)) {
+			kept = true;
+			if (zseek_stream_keep_at(&z->s, zfile_read_cb, f,
+						 &f->idx, frame,
+						 f->slot_skip[j]))
+				return;
+			continue;
+		}
+		p = cache_pass_over_begin(f->mapping, j, g);
 		if (!p)
 			continue; /* cached, or no room: decoded in passing */
 		folio_set(p, FOLIO_PIECE);
@@ -424,6 +446,7 @@ int zfile_read_split(struct zfile *f, unsigned long slot, void *dst, size_t len,
 	pthread_mutex_lock(&f->stream_lock);
 	z->frame = z->ready ? z->s.frame : UINT32_MAX;
 	z->pos = z->ready ? z->s.out_pos : 0;
+	z->from = z->pos;
 	z->win = z->pages;
 	pthread_mutex_unlock(&f->stream_lock);
 	pthread_mutex_unlock(&z->lock);

@@ -92,6 +92,43 @@ static void index_of(struct memfile *m, struct zseek_index *idx)
 	CHECK_EQ(idx->nframes, 1);
 }
 
+/* What a test reads with: the frame in memory, its index, one stream
+ * whose owner gives room for limit states, and a piece's buffer. */
+struct fix {
+	struct memfile m;
+	struct zseek_index idx;
+	struct zseek_stream s;
+	struct room r;
+	unsigned char *got;
+};
+
+static void fix_up(struct fix *x, long limit)
+{
+	x->m = (struct memfile){z, zn};
+	x->r = (struct room){.limit = limit};
+	x->got = malloc(PIECE);
+	index_of(&x->m, &x->idx);
+	stream_with(&x->s, &x->r);
+}
+
+/* The stream freed: every state it saved given back. */
+static void fix_down(struct fix *x)
+{
+	zseek_stream_free(&x->s);
+	CHECK_EQ(x->r.given, x->r.taken);
+	zseek_index_free(&x->idx);
+	free(x->got);
+}
+
+/* len bytes at off, checked against the source. */
+static void read_at(struct fix *x, uint64_t off, size_t len)
+{
+	CHECK_EQ(zseek_stream_read(&x->s, mem_read, &x->m, &x->idx, 0, off,
+				   x->got, len),
+		 0);
+	CHECK(memcmp(x->got, src + off, len) == 0);
+}
+
 /* Read through once: a state saved at every 2 MiB inside the frame; then
  * pieces backwards, each from the checkpoint just before it. */
 static void test_back(void)
@@ -176,41 +213,52 @@ static void test_random(void)
  * checkpoint behind it. */
 static void test_place(void)
 {
-	struct memfile m = {z, zn};
-	struct zseek_index idx;
-	struct zseek_stream s;
-	struct room r = {.limit = 100};
-	unsigned char *got = malloc(PIECE);
+	struct fix x;
 	uint64_t skipped;
 
-	index_of(&m, &idx);
-	stream_with(&s, &r);
-	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, CONTENT - PIECE,
-				   got, PIECE),
-		 0);
-	skipped = s.skipped;
+	fix_up(&x, 100);
+	read_at(&x, CONTENT - PIECE, PIECE);
+	skipped = x.s.skipped;
 	for (int i = 0; i < 8; i++) {
-		uint64_t a = 13 * PIECE + PIECE / 2 + (uint64_t)i * PIECE;
-		uint64_t b = 3 * PIECE + 5;
-
-		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, a, got,
-					   PIECE),
-			 0);
-		CHECK(memcmp(got, src + a, PIECE) == 0);
-		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, b, got,
-					   4096),
-			 0);
-		CHECK(memcmp(got, src + b, 4096) == 0);
+		read_at(&x, 13 * PIECE + PIECE / 2 + (uint64_t)i * PIECE,
+			PIECE);
+		read_at(&x, 3 * PIECE + 5, 4096);
 	}
 	/* b: 1 MiB from the checkpoint at 2 MiB each time; a: 1.5 MiB from
 	 * the one at 12 MiB the first time, then none, from where it left
 	 * (without the place kept, 0.5 or 1.5 MiB each time) */
-	CHECK(s.skipped - skipped <=
+	CHECK(x.s.skipped - skipped <=
 	      8 * (uint64_t)PIECE + 3 * PIECE / 2 + 8 * 8);
-	zseek_stream_free(&s);
-	CHECK_EQ(r.given, r.taken);
-	zseek_index_free(&idx);
-	free(got);
+	fix_down(&x);
+}
+
+/* Pieces filled out of order, as two workers fill a sequential reader's
+ * windows: the one for piece t + 1 comes first, keeps the place of piece
+ * t (which the other is filling) and decodes past it; piece t goes back
+ * to that place, and keeps the place it leaves for piece t + 2.  Nothing
+ * is decoded twice but piece t, and nothing from a checkpoint behind. */
+static void test_keep_at(void)
+{
+	struct fix x;
+	uint64_t skipped;
+
+	fix_up(&x, 100);
+	read_at(&x, 0, PIECE);
+	read_at(&x, PIECE / 2, PIECE); /* off the 2 MiB marks */
+	skipped = x.s.skipped;
+	for (uint64_t t = 3 * PIECE / 2; t + 3 * PIECE <= CONTENT;
+	     t += 3 * PIECE) {
+		CHECK_EQ(zseek_stream_keep_at(&x.s, mem_read, &x.m, &x.idx, 0,
+					      t),
+			 0);
+		read_at(&x, t + PIECE, PIECE);
+		read_at(&x, t, PIECE);
+		read_at(&x, t + 2 * PIECE, PIECE);
+	}
+	/* 7 rounds: piece t decoded in passing once each, two restores */
+	CHECK_EQ(x.s.restores, 14);
+	CHECK(x.s.skipped - skipped <= 7 * (uint64_t)PIECE);
+	fix_down(&x);
 }
 
 /* A checksum that fails is found at the frame's end whether the read came
@@ -249,6 +297,7 @@ int main(void)
 	RUN(test_back);
 	RUN(test_random);
 	RUN(test_place);
+	RUN(test_keep_at);
 	RUN(test_checksum);
 	free(src);
 	free(z);
