@@ -269,6 +269,7 @@ struct zseek_stream {
 	void *ck_arg;
 	int place; /* 1 + the slot of the place it left going back, or 0 */
 	void *spare; /* a state dropped, still the owner's, for the next save */
+	bool placing; /* the save asked of ck_take is a place's */
 	struct zseek_ckpt ck[ZSEEK_CKPTS];
 };
 int zseek_stream_init(struct zseek_stream *s);

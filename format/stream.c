@@ -332,8 +332,10 @@ static void ckpt_keep_place(struct zseek_stream *s,
 		ckpt_drop(s, &s->ck[s->place - 1]);
 	s->place = 0;
 	c = ckpt_slot(s);
+	s->placing = true;
 	if (c && ckpt_save(s, c))
 		s->place = (int)(c - s->ck) + 1;
+	s->placing = false;
 }
 
 /* Put checkpoint c back: the stream stands where it was saved. */

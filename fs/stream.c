@@ -89,8 +89,11 @@ static bool ckpt_take(void *arg, size_t bytes)
 	struct group *root = &z->owner->mapping->cache->budget.root;
 	unsigned long pages = pages_of_bytes(bytes);
 
+	/* a place kept for a reader may take one state more: the others
+	 * are spread to fill the share (ckpt_every) */
 	if ((unsigned long)stat_read(root, STAT_DECODER_CKPTS) + pages >
-		    (unsigned long)counter_max(&root->mem) >> CKPT_SHARE_SHIFT)
+	    ((unsigned long)counter_max(&root->mem) >> CKPT_SHARE_SHIFT) +
+		    (z->s.placing ? pages : 0))
 		return false;
 	/* folios go for it, one pass's worth: not a demand's retries and
 	 * grace periods (the stream's lock is held), nor its events */
@@ -277,10 +280,11 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 		struct folio *p;
 		int r;
 
+		p = cache_pass_over_begin(f->mapping, j, g);
 		/* another reader is filling this piece: it gets the place
 		 * kept, not a restart from a checkpoint behind (two windows
 		 * of one sequential reader, filled by two workers) */
-		if (!kept && mapping_in_flight(f->mapping, j)) {
+		if (!p && !kept && mapping_in_flight(f->mapping, j)) {
 			kept = true;
 			if (zseek_stream_keep_at(&z->s, zfile_read_cb, f,
 						 &f->idx, frame,
@@ -288,7 +292,6 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 				return;
 			continue;
 		}
-		p = cache_pass_over_begin(f->mapping, j, g);
 		if (!p)
 			continue; /* cached, or no room: decoded in passing */
 		folio_set(p, FOLIO_PIECE);
