@@ -326,7 +326,10 @@ static void ckpt_keep_place(struct zseek_stream *s,
 {
 	struct zseek_ckpt *c;
 
-	if (!s->ck_every || s->frame == UINT32_MAX || !s->out_pos)
+	/* (with an owner, places are its to refuse even where it wants no
+	 * checkpoints spread over the frame) */
+	if ((!s->ck_every && !s->ck_take) || s->frame == UINT32_MAX ||
+	    !s->out_pos)
 		return;
 	if (s->place && &s->ck[s->place - 1] != keep)
 		ckpt_drop(s, &s->ck[s->place - 1]);
