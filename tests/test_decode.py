@@ -388,7 +388,7 @@ def test_fits():
     a random pass decodes nothing.  (Before, the second reader took a
     second window and both saved checkpoints: at budget=128M a 102 MiB
     SQLite database's integrity_check ran 60 s and more, pieces evicted by
-    them decoded over and over; now 8.6 s.)  Both cache modes."""
+    them decoded over and over; now 8.6-11 s.)  Both cache modes."""
     require_root_fuse()
     mib = 1 << 20
     with tmpdir() as d:
