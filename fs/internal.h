@@ -162,6 +162,7 @@ struct zfile {
 	 * offset past it is wrong, so the whole file reads as EIO */
 	atomic_bool table_lies;
 	struct stat st; /* the backing file when it was indexed */
+	atomic_bool said_changed; /* its change since then is in the log */
 	/* folio i: frame slot_frame[i], at slot_skip[i] into that frame */
 	unsigned long nslots;
 	uint64_t *starts;      /* nslots + 1 content offsets */

@@ -489,9 +489,21 @@ int zfile_read_split(struct zfile *f, unsigned long slot, void *dst, size_t len,
 int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 {
 	unsigned long long off;
+	struct stat st;
 
 	if (r != -EUCLEAN && r != -ENOKEY && r != -EBADMSG)
 		return r;
+	/* not damaged: rewritten in place since it was indexed (a new open
+	 * indexes it again); EIO, not counted as a corrupt frame */
+	if (!f->obj && backing_lstat(f->ds, f->path, &st) == 0 &&
+	    !same_backing(&st, &f->st)) {
+		if (!atomic_exchange(&f->said_changed, true))
+			zlog_file(f->path,
+				  "changed on disk while open: reads through "
+				  "handles opened before fail, a new open "
+				  "reads the new content");
+		return -EIO;
+	}
 	off = zseek_frame_at(&f->idx, zfile_slot_frame(f, slot)).c_off;
 	if (r == -EUCLEAN) {
 		atomic_store(&f->table_lies, true);

@@ -293,7 +293,8 @@ def test_changed():
     next open, old folios dropped, no stale bytes (nor stale pages of the
     kernel's page cache with cache=kernel); with cache=engine open handles
     keep theirs (with cache=kernel the page cache is the inode's, so they
-    see the new file from their next read on)."""
+    see the new file from their next read on).  Rewritten in place under an
+    open handle: not taken for damage."""
     require_root_fuse()
     for cache in ("engine", "kernel"):
         with tmpdir() as d:
@@ -338,6 +339,37 @@ def changed_once(d, cache):
         time.sleep(1.2)
         with open(d + "/mnt/f", "rb") as f:
             check(f.read() == same, "stale bytes after a same-size replace (%s)" % cache)
+        # rewritten in place, its bytes overwritten, while a handle opened
+        # before reads nothing yet: that handle's read fails with EIO
+        # (nothing of the old is left to keep; with cache=kernel a later
+        # read may find the new file), and the log says the file changed,
+        # not that it is damaged; a new open reads the new file
+        other = text_bytes(9 * FRAME + 7, 4)
+        os.makedirs(d + "/src4")
+        with open(d + "/src4/f", "wb") as f:
+            f.write(other)
+        pack(d + "/src4", d + "/dst4", TREE, *AT_FRAME)
+        held = open(d + "/mnt/f", "rb")
+        with open(d + "/dst4/f.zst", "rb") as f, open(dst + "/f.zst", "r+b") as g:
+            z = f.read()
+            g.truncate(0)
+            g.write(z)
+        time.sleep(1.2)
+        try:  # the old folios gone: nothing to keep
+            m.set("memory.reclaim", "1G")
+        except BlockingIOError:
+            pass  # not all of 1G (as a cgroup says): what there was is gone
+        try:
+            got = held.read()
+            check(got == other, "the held handle read %d wrong bytes (%s)" % (len(got), cache))
+        except OSError as e:
+            check(e.errno == errno.EIO, "held handle: %s" % e)
+        held.close()
+        with open(d + "/mnt/f", "rb") as f:
+            check(f.read() == other, "stale bytes after a rewrite in place (%s)" % cache)
+        check(m.stat()["corrupt_frames"] == 0, "a rewrite counted as damage (%s)" % cache)
+        check("changed on disk while open" in m.output(), "the log: %r" % m.output()[-400:])
+        check("does not decode" not in m.output(), "said damaged: %r" % m.output()[-400:])
         # truncate it in place: the next open fails clearly, no stale bytes
         with open(dst + "/f.zst", "r+b") as f:
             f.truncate(5000)
@@ -345,7 +377,7 @@ def changed_once(d, cache):
         try:
             with open(d + "/mnt/f", "rb") as f:
                 got = f.read()
-                check(got == new[:len(got)] and len(got) < len(new),
+                check(got == other[:len(got)] and len(got) < len(other),
                       "truncated file served stale bytes (%s)" % cache)
         except OSError as e:
             check(e.errno == errno.EIO, "truncated: %s" % e)
