@@ -301,6 +301,12 @@ static int check_args(struct daemon *d)
 			progname);
 		return -1;
 	}
+	/* the kernel's window is in pages: 7 would be taken as 4 */
+	if (o->kernel_ra_kb != OPT_UINT_AUTO && o->kernel_ra_kb % 4) {
+		fprintf(stderr, "%s: kernel_ra_kb must be a multiple of 4\n",
+			progname);
+		return -1;
+	}
 	if (o->transport == TRANSPORT_URING && check_uring())
 		return -1;
 	/* as memory.high above memory.max: allowed, and never reached */

@@ -69,7 +69,8 @@ const struct opt_desc opt_table[] = {
 	 "faulting folio (off)",
 	 readaround_modes, 0, 0},
 	{"kernel_ra_kb", OPT_UINT, OFF(kernel_ra_kb), "auto",
-	 "the kernel's own readahead and read-around, in KiB; auto is 4 "
+	 "the kernel's own readahead and read-around, in KiB, a multiple of "
+	 "4; auto is 4 "
 	 "(one page) with cache=engine, so that zfolio reads around into its "
 	 "cache, and 128 with cache=kernel, where it sizes the fills (4096, "
 	 "btrfs's, streams faster and wastes more on random runs; 1024 for "

@@ -186,6 +186,9 @@ def test_errors():
                        "(a number from 0 to 256)")
         one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "ctl=a/b"]), "bad ctl",
                        "(a file name: not empty, no '/', not . or ..)")
+        for opt in ("ra_kb=3", "kernel_ra_kb=7"):
+            one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", opt]), opt,
+                           "%s must be a multiple of 4" % opt.split("=")[0])
         one_line_error(run_cli([d + "/ds"]), "no mountpoint", "MOUNTPOINT")
         # an option neither zfolio nor libfuse knows: said as zfolio's
         line = one_line_error(run_cli([d + "/ds", d + "/mnt", "-o", "budgit=8M"]),
