@@ -327,12 +327,21 @@ bool mapping_cached(const struct mapping *m, unsigned long index)
 
 bool mapping_in_flight(const struct mapping *m, unsigned long index)
 {
-	struct folio *f = index < m->nr_folios
-				  ? atomic_load_explicit(&m->slots[index],
-							 memory_order_acquire)
-				  : NULL;
+	/* a fill may run RCU-offline (a long wait): online for the look,
+	 * so that the folio is not freed under it */
+	bool offline = !rcu_read_ongoing();
+	struct folio *f;
+	bool r;
 
-	return f && folio_test(f, FOLIO_LOCKED);
+	if (index >= m->nr_folios)
+		return false;
+	if (offline)
+		cache_thread_online();
+	f = atomic_load_explicit(&m->slots[index], memory_order_acquire);
+	r = f && folio_test(f, FOLIO_LOCKED);
+	if (offline)
+		cache_thread_offline();
+	return r;
 }
 
 bool mapping_seen(const struct mapping *m, unsigned long index)

@@ -349,7 +349,7 @@ uint32_t mapping_folio_len(const struct mapping *m, unsigned long index);
 unsigned int mapping_folio_pages(const struct mapping *m, unsigned long i);
 bool mapping_cached(const struct mapping *m, unsigned long index);
 /* Folio index of m is being filled (its filler holds it locked); the
- * caller is RCU-online. */
+ * caller may be RCU-offline. */
 bool mapping_in_flight(const struct mapping *m, unsigned long index);
 /*
  * Folio index of m is most likely in the kernel's page cache (engine mode,

@@ -118,20 +118,26 @@ static void ckpt_give(void *arg, size_t bytes)
 
 /*
  * Frame fr's pieces and one decoder of state bytes fit in the budget, with
- * the checkpoints' share to spare: once read, every piece can stay cached,
- * and checkpoints or a second decoder would only take the room of pieces
- * (a 102 MiB SQLite database in one frame, integrity_check at budget=128M:
- * 18 MiB of checkpoints and 11 MiB of windows left the last pieces no
- * room, and each came back decoded from a checkpoint, 3,792 pieces decoded
- * in 20 s for a file of 103).
+ * the checkpoints' share to spare, beside what other files' folios hold
+ * now (the page cache's pages give way to pieces): once read, every piece
+ * can stay cached, and checkpoints or a second decoder would only take the
+ * room of pieces (a 102 MiB SQLite database in one frame, integrity_check
+ * at budget=128M: 18 MiB of checkpoints and 11 MiB of windows left the
+ * last pieces no room, and each came back decoded from a checkpoint, 3,792
+ * pieces decoded in 20 s for a file of 103).
  */
 static bool frame_fits(struct zfile *f, const struct zseek_frame *fr,
 		       uint64_t state)
 {
-	struct group *root = &f->mapping->cache->budget.root;
+	struct mapping *m = f->mapping;
+	struct group *root = &m->cache->budget.root;
 	uint64_t budget = (uint64_t)counter_max(&root->mem) << ZF_PAGE_SHIFT;
+	long mine = atomic_load_explicit(&m->nr_cached, memory_order_relaxed) *
+		    (long)mapping_folio_pages(m, 0);
+	long others = stat_read(root, STAT_FILE) - mine;
+	uint64_t held = others > 0 ? (uint64_t)others << ZF_PAGE_SHIFT : 0;
 
-	return fr->d_size + state <= budget - (budget >> CKPT_SHARE_SHIFT);
+	return fr->d_size + state + held <= budget - (budget >> CKPT_SHARE_SHIFT);
 }
 
 /*
@@ -236,8 +242,12 @@ static struct zstream *stream_choose(struct zfile *f, uint32_t frame,
 		if (f->streams[i].win > most)
 			most = f->streams[i].win;
 	room = (unsigned long)stat_read(root, STAT_DECODER_WINDOWS) + most <=
-		   (unsigned long)counter_max(&root->mem) / 8 &&
-	       !frame_fits(f, &frame_v, (uint64_t)most << ZF_PAGE_SHIFT);
+	       (unsigned long)counter_max(&root->mem) / 8;
+	/* a frame that fits keeps to the decoder already in it */
+	for (int i = 0; room && i < ZFILE_STREAMS; i++)
+		if (f->streams[i].win && f->streams[i].frame == frame &&
+		    frame_fits(f, &frame_v, (uint64_t)most << ZF_PAGE_SHIFT))
+			room = false;
 	for (int i = 0; i < ZFILE_STREAMS; i++) {
 		struct zstream *z = &f->streams[i];
 		uint64_t cost =
@@ -324,6 +334,20 @@ static void split_pass_over(struct zfile *f, struct zstream *z,
 		if (r)
 			return; /* the read asked for starts over, and says */
 	}
+}
+
+/*
+ * f's backing file is not what was indexed: rewritten in place since (or
+ * only touched).  Asked where a frame did not decode, so that a file
+ * changed under an open handle is not taken for a damaged one.  Objects in
+ * a store have their own check (store_obj_changed).
+ */
+static bool backing_changed(struct zfile *f)
+{
+	struct stat st;
+
+	return !f->obj && backing_lstat(f->ds, f->path, &st) == 0 &&
+	       !same_backing(&st, &f->st);
 }
 
 /* The longest a read that finds a frame damaged waits for the page cache
@@ -476,7 +500,7 @@ int zfile_read_split(struct zfile *f, unsigned long slot, void *dst, size_t len,
 	z->win = z->pages;
 	pthread_mutex_unlock(&f->stream_lock);
 	pthread_mutex_unlock(&z->lock);
-	if (r == -EBADMSG || r == -ENOKEY)
+	if ((r == -EBADMSG || r == -ENOKEY) && !backing_changed(f))
 		frame_failed(f, frame);
 	return r;
 }
@@ -489,15 +513,17 @@ int zfile_read_split(struct zfile *f, unsigned long slot, void *dst, size_t len,
 int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 {
 	unsigned long long off;
-	struct stat st;
 
 	if (r != -EUCLEAN && r != -ENOKEY && r != -EBADMSG)
 		return r;
 	/* not damaged: rewritten in place since it was indexed (a new open
 	 * indexes it again); EIO, not counted as a corrupt frame */
-	if (!f->obj && backing_lstat(f->ds, f->path, &st) == 0 &&
-	    !same_backing(&st, &f->st)) {
-		if (!atomic_exchange(&f->said_changed, true))
+	if (backing_changed(f)) {
+		bool said = atomic_exchange(&f->said_changed, true);
+
+		if (!said && f->ds->mf) /* a packed dataset's data file */
+			manifest_say_changed(f->ds, f->path);
+		else if (!said)
 			zlog_file(f->path,
 				  "changed on disk while open: reads through "
 				  "handles opened before fail, a new open "
