@@ -133,78 +133,50 @@ static void read_at(struct fix *x, uint64_t off, size_t len)
  * pieces backwards, each from the checkpoint just before it. */
 static void test_back(void)
 {
-	struct memfile m = {z, zn};
-	struct zseek_index idx;
-	struct zseek_stream s;
-	struct room r = {.limit = 100};
-	unsigned char *got = malloc(PIECE);
+	struct fix x;
 	uint64_t skipped;
 
-	index_of(&m, &idx);
-	stream_with(&s, &r);
-	for (uint64_t off = 0; off < CONTENT; off += PIECE) {
-		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, off, got,
-					   PIECE),
-			 0);
-		CHECK(memcmp(got, src + off, PIECE) == 0);
-	}
-	CHECK_EQ(r.taken, CONTENT / EVERY - 1); /* not at 0, nor at the end */
-	CHECK_EQ(s.restores, 0);
-	skipped = s.skipped;
+	fix_up(&x, 100);
+	for (uint64_t off = 0; off < CONTENT; off += PIECE)
+		read_at(&x, off, PIECE);
+	CHECK_EQ(x.r.taken, CONTENT / EVERY - 1); /* not at 0, nor at the end */
+	CHECK_EQ(x.s.restores, 0);
+	skipped = x.s.skipped;
 	for (int k = 0; k < 8; k++) { /* 23, 20, ... 2 MiB and a bit */
 		uint64_t off = CONTENT - PIECE + 12345 - k * 3ull * PIECE;
-		uint64_t ck = zseek_stream_ckpt_below(&s, 0, off);
+		uint64_t ck = zseek_stream_ckpt_below(&x.s, 0, off);
 
 		CHECK(ck > 0 && ck <= off && off - ck < EVERY);
-		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, off, got,
-					   4096),
-			 0);
-		CHECK(memcmp(got, src + off, 4096) == 0);
+		read_at(&x, off, 4096);
 	}
-	CHECK_EQ(s.restores, 8);
+	CHECK_EQ(x.s.restores, 8);
 	/* each went back to within EVERY of its bytes */
-	CHECK(s.skipped - skipped < 8 * (uint64_t)EVERY);
+	CHECK(x.s.skipped - skipped < 8 * (uint64_t)EVERY);
 	/* the frame's end, after going back: its checksum checked */
-	CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, CONTENT - PIECE,
-				   got, PIECE),
-		 0);
-	CHECK(memcmp(got, src + CONTENT - PIECE, PIECE) == 0);
-	zseek_stream_free(&s);
-	CHECK_EQ(r.given, r.taken); /* all given back */
-	CHECK_EQ(zseek_stream_ckpt_below(&s, 0, CONTENT), 0);
-	zseek_index_free(&idx);
-	free(got);
+	read_at(&x, CONTENT - PIECE, PIECE);
+	fix_down(&x); /* all given back */
+	CHECK_EQ(zseek_stream_ckpt_below(&x.s, 0, CONTENT), 0);
 }
 
 /* Reads in a random order, a few bytes to a piece: every byte right;
  * only as many states as the owner gives room for. */
 static void test_random(void)
 {
-	struct memfile m = {z, zn};
-	struct zseek_index idx;
-	struct zseek_stream s;
-	struct room r = {.limit = 3};
-	unsigned char *got = malloc(PIECE);
+	struct fix x;
 	unsigned int seed = 7;
 
-	index_of(&m, &idx);
-	stream_with(&s, &r);
+	fix_up(&x, 3);
 	for (int i = 0; i < 60; i++) {
 		size_t len = 1 + (size_t)rand_r(&seed) % PIECE;
 		uint64_t off = (uint64_t)rand_r(&seed) % (CONTENT - len);
 
-		CHECK_EQ(zseek_stream_read(&s, mem_read, &m, &idx, 0, off, got,
-					   len),
-			 0);
-		CHECK(memcmp(got, src + off, len) == 0);
+		read_at(&x, off, len);
 	}
-	CHECK_EQ(r.taken, 3);
-	CHECK(s.restores > 0);
-	zseek_stream_drop_ckpts(&s);
-	CHECK_EQ(r.given, 3);
-	zseek_stream_free(&s);
-	zseek_index_free(&idx);
-	free(got);
+	CHECK_EQ(x.r.taken, 3);
+	CHECK(x.s.restores > 0);
+	zseek_stream_drop_ckpts(&x.s);
+	CHECK_EQ(x.r.given, 3);
+	fix_down(&x);
 }
 
 /* Two readers taking turns on one stream: a sequential one, and one
