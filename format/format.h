@@ -95,7 +95,7 @@ struct zseek_packed {
 struct zseek_index {
 	enum zseek_kind kind;
 	bool has_checksum;    /* the seek table's, checked by the reader */
-	bool frame_checksums; /* some frame carries zstd's own (walked) */
+	uint32_t frames_checked; /* frames that carry zstd's own (walked) */
 	uint64_t file_size;
 	uint64_t content_size;
 	uint32_t nframes;

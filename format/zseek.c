@@ -457,7 +457,7 @@ int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 
 	idx->frames = NULL;
 	idx->nframes = 0;
-	idx->frame_checksums = false;
+	idx->frames_checked = 0;
 	if (err && errlen)
 		err[0] = '\0';
 	while (off < file_size) {
@@ -482,13 +482,15 @@ int zseek_walk_frames(zseek_read_fn rd, void *ctx, uint64_t file_size,
 			break;
 		}
 		fr.d_off = d;
-		idx->frame_checksums |= fr.checked;
 		/* keep unsized frames: their size is measured later */
-		if ((fr.d_size || !fr.sized) &&
-		    (r = frames_push(idx, &cap, &fr))) {
-			zseek_index_free(idx);
-			return fail(err, errlen, r, "too many frames (limit %u)",
-				    ZSEEK_MAX_FRAMES);
+		if (fr.d_size || !fr.sized) {
+			if ((r = frames_push(idx, &cap, &fr))) {
+				zseek_index_free(idx);
+				return fail(err, errlen, r,
+					    "too many frames (limit %u)",
+					    ZSEEK_MAX_FRAMES);
+			}
+			idx->frames_checked += fr.checked;
 		}
 		d += fr.d_size;
 		off += fr.c_size;
@@ -543,6 +545,8 @@ measure:
 		d += fr->d_size;
 		if (fr->d_size)
 			idx->frames[kept++] = *fr;
+		else
+			idx->frames_checked -= fr->checked;
 	}
 	zseek_stream_free(&s);
 	idx->nframes = kept;

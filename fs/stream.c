@@ -550,7 +550,7 @@ int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r)
 	} else {
 		zlog_file(f->path, "the frame at offset %llu does not decode%s",
 			  off,
-			  f->idx.has_checksum || f->idx.frame_checksums
+			  f->idx.has_checksum || f->idx.frames_checked
 			      ? ", or fails its checksum"
 			      : "");
 	}

@@ -350,6 +350,17 @@ def test_inspect():
         check_index(info, files["text"] + files["one"], os.path.getsize(d + "/multi.zst"),
                     "walked")
         check(all(f["checksum"] is None for f in info["frame_list"]), "walked checksums")
+        check(info["frames_checked"] == 2, "zstd's own checksums: %s" % info)
+        r = ctl("inspect", d + "/multi.zst")
+        check(r.returncode == 0 and "zstd's checksum in every frame" in r.stdout,
+              "inspect of zstd CLI output: " + r.stdout + r.stderr)
+        with open(d + "/mixed.zst", "wb") as out:
+            for flag in ("--check", "--no-check"):
+                out.write(subprocess.run(["zstd", "-q", flag, "-c", d + "/src/one"],
+                                         capture_output=True, check=True).stdout)
+        r = ctl("inspect", d + "/mixed.zst")
+        check(r.returncode == 0 and "zstd's checksum in 1 of them" in r.stdout,
+              "inspect of frames with and without: " + r.stdout + r.stderr)
         with open(d + "/plain.zst", "wb") as f:
             f.write(files["text"][:5000])
         r = ctl("inspect", d + "/plain.zst", "--json")

@@ -103,11 +103,17 @@ static void print_inspected(const struct inspected *in)
 
 	format_size(content, sizeof(content), idx->content_size);
 	format_size(file, sizeof(file), idx->file_size);
-	printf("%s: %s%s, %u frames, %s\n", in->file, kind_name(idx->kind),
+	printf("%s: %s%s, %u frames, ", in->file, kind_name(idx->kind),
 	       idx->kind == ZSEEK_WALKED ? " (no seek table)" : "",
-	       idx->nframes,
-	       idx->has_checksum ? "checksums in the seek table"
-				 : "no checksums");
+	       idx->nframes);
+	if (idx->has_checksum)
+		printf("checksums in the seek table\n");
+	else if (idx->frames_checked && idx->frames_checked == idx->nframes)
+		printf("zstd's checksum in every frame\n");
+	else if (idx->frames_checked)
+		printf("zstd's checksum in %u of them\n", idx->frames_checked);
+	else
+		printf("no checksums\n");
 	printf("  content      %12llu bytes (%s)\n",
 	       (unsigned long long)idx->content_size, content);
 	printf("  compressed   %12llu bytes (%s), ratio %.2f\n",
@@ -161,6 +167,7 @@ static void json_head(struct text *t, const struct inspected *in)
 	text_printf(t, ",\"content_size\":%llu,\"file_size\":%llu",
 		    (unsigned long long)idx->content_size,
 		    (unsigned long long)idx->file_size);
+	text_printf(t, ",\"frames_checked\":%u", idx->frames_checked);
 	text_printf(t, ",\"ratio\":%.4f,\"unsized_frames\":%u", in->ratio,
 		    idx->nunsized);
 	if (in->has_table)
