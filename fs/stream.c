@@ -245,9 +245,11 @@ static struct zstream *stream_choose(struct zfile *f, uint32_t frame,
 	       (unsigned long)counter_max(&root->mem) / 8;
 	/* a frame that fits keeps to the decoder already in it */
 	for (int i = 0; room && i < ZFILE_STREAMS; i++)
-		if (f->streams[i].win && f->streams[i].frame == frame &&
-		    frame_fits(f, &frame_v, (uint64_t)most << ZF_PAGE_SHIFT))
-			room = false;
+		if (f->streams[i].win && f->streams[i].frame == frame) {
+			room = !frame_fits(f, &frame_v,
+					   (uint64_t)most << ZF_PAGE_SHIFT);
+			break;
+		}
 	for (int i = 0; i < ZFILE_STREAMS; i++) {
 		struct zstream *z = &f->streams[i];
 		uint64_t cost =
