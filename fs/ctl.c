@@ -133,7 +133,9 @@ const struct ctl_file ctl_files[] = {
 	{"memory.peak", 0644, read_peak, write_peak,
 	 "the most memory.current has been; write \"reset\" to restart"},
 	{"memory.max", 0644, read_max, write_max,
-	 "hard limit in bytes or \"max\"; lowering it reclaims down to it"},
+	 "hard limit in bytes or \"max\"; lowering it reclaims down to it "
+	 "(EBUSY, the old limit kept, if what is in use cannot be freed "
+	 "that far)"},
 	{"memory.high", 0644, read_high, write_high,
 	 "above it, background reclaim brings usage back under it"},
 	{"memory.reclaim", 0200, NULL, write_reclaim,
