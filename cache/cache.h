@@ -309,6 +309,7 @@ struct ccache {
 	unsigned int nbuckets;
 	struct cds_list_head lru; /* oldest first */
 	unsigned long pages;      /* charged to the root group */
+	uint64_t bytes;           /* the entries', in those pages */
 	unsigned int pct;         /* of memory.max, at most */
 };
 

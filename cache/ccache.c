@@ -18,8 +18,10 @@
  * again.  The bit is set by the first read and stays.
  *
  * How much: at most ccache_pct percent of the budget (the kernel's
- * zswap.max_pool_percent), charged to the root group like the folios, a
- * page per started 4 KiB of each entry.  Entries leave oldest first when
+ * zswap.max_pool_percent), charged to the root group like the folios, by
+ * the byte: the entries' bytes together in whole pages, as the kernel's
+ * obj_cgroup charges zswap's and slab's objects (a 10 KiB entry takes 2.5
+ * pages, not 3).  Entries leave oldest first when
  * the share is full, and to reclaim after the folios of both tiers
  * (cache_shrink): a hit saves a backing read, and an entry is a third of
  * its folio.
@@ -37,9 +39,14 @@ struct ccache_entry {
 	const struct mapping *mapping;
 	unsigned long index;
 	size_t len;
-	unsigned long pages; /* charged */
 	uint8_t data[];
 };
+
+/* What an entry takes, in bytes: its part of the charge. */
+static size_t entry_size(size_t len)
+{
+	return sizeof(struct ccache_entry) + len;
+}
 
 #define CCACHE_MIN_BUCKETS 64
 #define CCACHE_MAX_BUCKETS (1u << 20)
@@ -63,6 +70,7 @@ int ccache_init(struct cache *c, unsigned int pct)
 	CDS_INIT_LIST_HEAD(&cc->lru);
 	cc->pct = pct > 90 ? 90 : pct;
 	cc->pages = 0;
+	cc->bytes = 0;
 	cc->buckets = NULL;
 	cc->nbuckets = 0;
 	if (!cc->pct)
@@ -100,43 +108,47 @@ static void unlink_entry(struct ccache *cc, struct ccache_entry *e)
 	*p = e->next;
 	cds_list_del(&e->lru);
 	cds_list_del(&e->mlink);
-	cc->pages -= e->pages;
+	cc->bytes -= entry_size(e->len);
 }
 
-/* Free the entries unlinked onto list (left empty), and give their pages
- * back. */
-static unsigned long free_list(struct cache *c, struct cds_list_head *list)
+/* The pages the entries left no longer fill, off cc->pages: to give back. */
+static unsigned long pages_freed(struct ccache *cc)
+{
+	unsigned long keep = pages_of_bytes(cc->bytes), freed = cc->pages - keep;
+
+	cc->pages = keep;
+	return freed;
+}
+
+/* Free the entries unlinked onto list (left empty), and give back the
+ * pages they freed. */
+static void free_list(struct cache *c, struct cds_list_head *list,
+		      unsigned long pages)
 {
 	struct ccache_entry *e, *tmp;
-	unsigned long pages = 0;
 
-	cds_list_for_each_entry_safe(e, tmp, list, lru) {
-		pages += e->pages;
+	cds_list_for_each_entry_safe(e, tmp, list, lru)
 		free(e);
-	}
 	CDS_INIT_LIST_HEAD(list);
 	if (pages) {
 		stat_mod(&c->budget.root, STAT_CCACHE, -(long)pages);
 		uncharge(&c->budget.root, pages);
 	}
-	return pages;
 }
 
-/* Unlink the oldest entries until nr pages are out, onto list. */
-static unsigned long evict_oldest(struct ccache *cc, unsigned long nr,
-				  struct cds_list_head *list)
+/* Unlink the oldest entries onto list until at most bytes_max are left;
+ * the pages that frees. */
+static unsigned long evict_to(struct ccache *cc, uint64_t bytes_max,
+			      struct cds_list_head *list)
 {
-	unsigned long got = 0;
-
-	while (got < nr && !cds_list_empty(&cc->lru)) {
+	while (cc->bytes > bytes_max && !cds_list_empty(&cc->lru)) {
 		struct ccache_entry *e =
 		    cds_list_entry(cc->lru.next, struct ccache_entry, lru);
 
 		unlink_entry(cc, e);
-		got += e->pages;
 		cds_list_add(&e->lru, list);
 	}
-	return got;
+	return pages_freed(cc);
 }
 
 static struct ccache_entry *find(struct ccache *cc, const struct mapping *m,
@@ -191,28 +203,30 @@ void ccache_offer(struct mapping *m, unsigned long index, const void *src,
 	struct cache *c = m->cache;
 	struct ccache *cc = &c->cc;
 	struct ccache_entry *e;
-	unsigned long pages = pages_of_bytes(sizeof(*e) + len), share;
+	/* the most it can add to the charge, charged before it goes in */
+	size_t size = entry_size(len);
+	unsigned long pages = pages_of_bytes(size), grow, freed;
+	uint64_t room;
 	CDS_LIST_HEAD(gone);
 
 	if (!ccache_enabled(c) || !mapping_see(m, index))
 		return; /* off, or the first read of the frame */
-	share = share_pages(c);
-	if (pages > share)
+	room = (uint64_t)share_pages(c) << ZF_PAGE_SHIFT;
+	if (size > room)
 		return;
 	pthread_mutex_lock(&cc->lock);
 	if (find(cc, m, index)) {
 		pthread_mutex_unlock(&cc->lock);
 		return;
 	}
-	if (cc->pages + pages > share)
-		evict_oldest(cc, cc->pages + pages - share, &gone);
+	freed = evict_to(cc, room - size, &gone);
 	pthread_mutex_unlock(&cc->lock);
-	free_list(c, &gone);
+	free_list(c, &gone, freed);
 	/* never under the lock: reclaim ends here (ccache_shrink).  An entry
 	 * is worth one reclaim pass, not a demand charge's retries and waits
 	 * (the fill's folio is locked meanwhile, and a bounce read came from a
 	 * demand charge that just failed) */
-	e = malloc(sizeof(*e) + len);
+	e = malloc(size);
 	if (!e)
 		return;
 	if (charge_nowait(&c->budget.root, pages) &&
@@ -224,7 +238,6 @@ void ccache_offer(struct mapping *m, unsigned long index, const void *src,
 	e->mapping = m;
 	e->index = index;
 	e->len = len;
-	e->pages = pages;
 	memcpy(e->data, src, len);
 	pthread_mutex_lock(&cc->lock);
 	if (find(cc, m, index)) { /* another reader's, meanwhile */
@@ -234,36 +247,46 @@ void ccache_offer(struct mapping *m, unsigned long index, const void *src,
 		return;
 	}
 	/* others may have filled the share meanwhile */
-	if (cc->pages + pages > share)
-		evict_oldest(cc, cc->pages + pages - share, &gone);
+	freed = evict_to(cc, room - size, &gone);
 	e->next = cc->buckets[bucket_of(cc, m, index)];
 	cc->buckets[bucket_of(cc, m, index)] = e;
 	cds_list_add_tail(&e->lru, &cc->lru);
 	cds_list_add(&e->mlink, &m->ccache);
-	cc->pages += pages;
+	cc->bytes += size;
+	grow = pages_of_bytes(cc->bytes) - cc->pages; /* at most pages */
+	cc->pages += grow;
 	pthread_mutex_unlock(&cc->lock);
-	stat_mod(&c->budget.root, STAT_CCACHE, (long)pages);
+	stat_mod(&c->budget.root, STAT_CCACHE, (long)grow);
+	if (pages > grow) /* it went partly into a page already charged */
+		uncharge(&c->budget.root, pages - grow);
 	stat_inc(g, STAT_CCACHE_STORES);
-	free_list(c, &gone);
+	free_list(c, &gone, freed);
 }
 
 unsigned long ccache_shrink(struct cache *c, unsigned long nr)
 {
 	struct ccache *cc = &c->cc;
+	unsigned long freed;
 	CDS_LIST_HEAD(gone);
 
 	if (!ccache_enabled(c) || !nr)
 		return 0;
 	pthread_mutex_lock(&cc->lock);
-	evict_oldest(cc, nr, &gone);
+	freed = evict_to(cc,
+			 nr < cc->pages ? (uint64_t)(cc->pages - nr)
+					      << ZF_PAGE_SHIFT
+					: 0,
+			 &gone);
 	pthread_mutex_unlock(&cc->lock);
-	return free_list(c, &gone);
+	free_list(c, &gone, freed);
+	return freed;
 }
 
 void ccache_forget(struct mapping *m)
 {
 	struct ccache *cc = &m->cache->cc;
 	struct ccache_entry *e, *tmp;
+	unsigned long freed;
 	CDS_LIST_HEAD(gone);
 
 	if (!ccache_enabled(m->cache))
@@ -273,8 +296,9 @@ void ccache_forget(struct mapping *m)
 		unlink_entry(cc, e);
 		cds_list_add(&e->lru, &gone);
 	}
+	freed = pages_freed(cc);
 	pthread_mutex_unlock(&cc->lock);
-	free_list(m->cache, &gone);
+	free_list(m->cache, &gone, freed);
 }
 
 void ccache_destroy(struct cache *c)
