@@ -46,14 +46,16 @@
 #define FOLIO_TIER_WEIGHT 32
 
 /*
- * The compressed cache's part of a pass at g, after the folios of both
- * tiers gave got of nr: entries are charged to the root, so only its turn
- * takes them, and only what the groups below it could not give (their
- * folios come first, and their turns in the same walk take them).
+ * The root's own part of a pass at g, after the folios of both tiers gave
+ * got of nr: the compressed cache's entries, then, for reclaim the user
+ * asked for, the user's idle decoders (shrink_other).  Both are charged to the root, so only its turn takes
+ * them, and only what the groups below it could not give (their folios
+ * come first, and their turns in the same walk take them).
  */
-static unsigned long ccache_turn(struct cache *c, struct group *g,
-				 unsigned long nr, unsigned long got)
+static unsigned long root_turn(struct cache *c, struct group *g,
+			       unsigned long nr, unsigned long got)
 {
+	unsigned long more;
 	long below;
 
 	if (g != &c->budget.root || got >= nr)
@@ -64,7 +66,10 @@ static unsigned long ccache_turn(struct cache *c, struct group *g,
 		(long)lru_pages(g) - (long)ktier_pages(g);
 	if (below > (long)(nr - got))
 		return 0;
-	return ccache_shrink(c, nr - got);
+	more = ccache_shrink(c, nr - got);
+	if (got + more < nr && c->shrink_other && reclaim_is_proactive())
+		more += c->shrink_other(c->shrink_other_arg, nr - got - more);
+	return more;
 }
 
 static unsigned long cache_shrink(struct group *g, unsigned long nr,
@@ -76,7 +81,7 @@ static unsigned long cache_shrink(struct group *g, unsigned long nr,
 
 	if (!k) {
 		got = lru_shrink(g, nr, scanned, false);
-		return got + ccache_turn(c, g, nr, got);
+		return got + root_turn(c, g, nr, got);
 	}
 	e = lru_pages(g);
 	unread = stat_read(g, STAT_RA_UNREAD);
@@ -92,7 +97,7 @@ static unsigned long cache_shrink(struct group *g, unsigned long nr,
 		got += ktier_shrink(g, nr - got, &kscanned, false);
 	if (got < nr) /* the budget holds whatever it costs */
 		got += lru_shrink(g, nr - got, scanned, false);
-	got += ccache_turn(c, g, nr, got);
+	got += root_turn(c, g, nr, got);
 	*scanned += kscanned + lscanned;
 	return got;
 }
@@ -127,6 +132,8 @@ int cache_init(struct cache *c, const struct cache_config *cfg)
 
 	c->ra_ops = NULL;
 	c->kt = NULL;
+	c->shrink_other = NULL;
+	c->shrink_other_arg = NULL;
 	c->lockless = cfg->lockless;
 	atomic_init(&c->deferred_pages, 0);
 	fill_pool_init(&c->fills, cfg->fill_threads);

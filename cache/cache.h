@@ -324,6 +324,12 @@ struct cache {
 	struct fill_pool fills;
 	struct buf_pool bufs;
 	struct ccache cc;
+	/* memory the cache's user holds in the budget and can give back (the
+	 * daemon's idle decoders), as the kernel's shrinkers: asked last, in
+	 * the root's turn of a reclaim walk the user asked for
+	 * (reclaim_is_proactive); the pages it freed */
+	unsigned long (*shrink_other)(void *arg, unsigned long nr);
+	void *shrink_other_arg;
 };
 
 static inline struct cache *cache_of_group(struct group *g)

@@ -201,6 +201,9 @@ void text_json_string(struct text *t, const char *s);
 	X(DECODER_CKPT_RESTORES, "decoder_checkpoint_restores", event,         \
 	  "reads in a big frame that went back to a saved state, not to the "  \
 	  "start")                                                             \
+	X(DECODERS_RECLAIMED, "decoders_reclaimed", event,                     \
+	  "idle decoders freed by reclaim, windows and checkpoints, when "     \
+	  "folios could not give enough")                                      \
 	X(FILES_KEPT, "files_kept", event,                                     \
 	  "files whose inode the kernel forgot, kept with their cached data")  \
 	X(FILES_KEPT_REUSED, "files_kept_reused", event,                       \

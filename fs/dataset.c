@@ -550,6 +550,9 @@ static int start_engine(struct dataset *ds, const struct options *opt)
 	};
 	int r = cache_init(&ds->cache, &cc);
 
+	/* idle decoders are reclaim's last resort */
+	ds->cache.shrink_other = stream_pool_shrink;
+	ds->cache.shrink_other_arg = &ds->streams;
 	return r ? r : readahead_init(&ds->cache, &rc);
 }
 

@@ -126,6 +126,7 @@ struct zstream {
 	struct zseek_stream s;
 	bool ready;
 	unsigned long pages;       /* charged for its window */
+	unsigned long ck_pages;    /* charged for its checkpoints */
 	uint64_t need;             /* bytes of its window (and buffers) */
 	uint64_t need_off;         /* for the frame there, or UINT64_MAX */
 	struct cds_list_head link; /* on the pool's lru while it has one */
@@ -597,6 +598,7 @@ void backing_keep_orphaned(void *buf, void *runs);
 int zfile_read_split(struct zfile *f, unsigned long slot, void *dst,
 		     size_t len, struct group *g);
 void zfile_streams_release(struct zfile *f);
+unsigned long stream_pool_shrink(void *arg, unsigned long nr);
 /* r, a frame's fill result, said in the log if the frame is damaged */
 int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r);
 /* Reads of [pos, pos + len) fail: its table lies, or a frame failed */

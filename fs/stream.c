@@ -33,6 +33,20 @@ static void zstream_drop(struct zstream *z)
 	z->pages = 0;
 }
 
+/* z dropped, and the choice told that it stands nowhere and has no window;
+ * z's lock is held, and it is on no pool's list. */
+static void zstream_forget(struct zstream *z)
+{
+	struct zfile *f = z->owner;
+
+	zstream_drop(z);
+	pthread_mutex_lock(&f->stream_lock);
+	z->frame = UINT32_MAX;
+	z->pos = z->from = 0;
+	z->win = 0;
+	pthread_mutex_unlock(&f->stream_lock);
+}
+
 /* f's streams off the pool and freed: f's last reference is going. */
 void zfile_streams_release(struct zfile *f)
 {
@@ -67,10 +81,70 @@ static bool stream_evict_one(struct stream_pool *pool, struct zstream *mine)
 		if (z->owner == mine->owner || pthread_mutex_trylock(&z->lock))
 			continue;
 		cds_list_del_init(&z->link);
-		zstream_drop(z);
+		zstream_forget(z);
 		pthread_mutex_unlock(&z->lock);
 		freed = true;
 		break;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return freed;
+}
+
+/* Whether another decoder of z's file is in use (its lock held); the
+ * pool's lock is held. */
+static bool sibling_busy(const struct zstream *z)
+{
+	struct zfile *f = z->owner;
+
+	for (int i = 0; i < ZFILE_STREAMS; i++) {
+		struct zstream *o = &f->streams[i];
+
+		if (o == z)
+			continue;
+		if (pthread_mutex_trylock(&o->lock))
+			return true;
+		pthread_mutex_unlock(&o->lock);
+	}
+	return false;
+}
+
+/*
+ * Reclaim's last resort (the cache's shrink_other, as the kernel's
+ * shrink_slab): idle decoders, least recently used first, give back their
+ * windows and checkpoints until nr pages are freed.  Only reclaim the user
+ * asked for (a lower memory.max, memory.reclaim) comes here, and only for
+ * what the folios and the compressed cache could not give, so a mount can
+ * be brought down to its metadata; a charge that needs room takes idle
+ * windows of other files itself (stream_charge).  A reader
+ * of a decoder dropped starts over from its frame's start or its nearest
+ * piece.  Never a decoder in use: its reader holds its lock, and may be
+ * the one reclaiming; nor one of a file being read, whose reader falls
+ * back on it when the budget has no room for a window of its own
+ * (zfile_read_split).
+ */
+unsigned long stream_pool_shrink(void *arg, unsigned long nr)
+{
+	struct stream_pool *pool = arg;
+	struct zstream *z, *tmp;
+	unsigned long freed = 0;
+
+	pthread_mutex_lock(&pool->lock);
+	cds_list_for_each_entry_safe(z, tmp, &pool->lru, link)
+	{
+		if (freed >= nr)
+			break;
+		if (pthread_mutex_trylock(&z->lock))
+			continue;
+		if (sibling_busy(z)) {
+			pthread_mutex_unlock(&z->lock);
+			continue;
+		}
+		freed += z->pages + z->ck_pages;
+		cds_list_del_init(&z->link);
+		zstream_forget(z);
+		stat_inc(&z->owner->mapping->cache->budget.root,
+			 STAT_DECODERS_RECLAIMED);
+		pthread_mutex_unlock(&z->lock);
 	}
 	pthread_mutex_unlock(&pool->lock);
 	return freed;
@@ -103,6 +177,7 @@ static bool ckpt_take(void *arg, size_t bytes)
 	    (reclaim_pass(root, pages, false), charge_nowait(root, pages)))
 		return false;
 	stat_mod(root, STAT_DECODER_CKPTS, (long)pages);
+	z->ck_pages += pages;
 	return true;
 }
 
@@ -114,6 +189,7 @@ static void ckpt_give(void *arg, size_t bytes)
 
 	uncharge(root, pages);
 	stat_mod(root, STAT_DECODER_CKPTS, -(long)pages);
+	z->ck_pages -= pages;
 }
 
 /*

@@ -5,7 +5,7 @@ buffers reused, big frames decoded once, a decoder per reader, and
 within a share of the budget; frames read twice kept compressed.
 
     test_decode.py parts | parallel | buffers | passover | streams | windows
-                   | ccache
+                   | idle | ccache
 """
 import errno
 import hashlib
@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
@@ -542,6 +543,105 @@ def test_windows():
             check("the budget cannot hold a 16 MiB decoder window" in m.output(),
                   "the message: %r" % m.output())
             check(int(m.ctl("memory.peak")) <= 8 << 20, "over the budget")
+
+
+def test_idle():
+    """Idle decoders are reclaim's last resort.  A plain zstd file (one
+    frame of 48 MiB) read halfway at budget=64M, its handle kept open: its
+    decoder's window and checkpoints are all that is left once the folios
+    go, and memory.max lowered to 2M frees them too (the write used to fail
+    with EBUSY), as memory.reclaim does; the rest then reads right.  Then
+    two readers of two such files while memory.reclaim is written over and
+    over: decoders in use are never taken, idle ones are, every byte right.
+    Both cache modes."""
+    require_root_fuse()
+    mib = 1 << 20
+    with tmpdir() as d:
+        datas = [text_bytes(48 * mib, 40 + i) for i in range(2)]
+        for i, data in enumerate(datas):
+            plain_zst(d, data, 3, "f%d" % i)
+        for opts in ("cache=engine,budget=64M", "cache=kernel,budget=64M"):
+            with Mount(d + "/cli", d + "/mnt", opts) as m:
+                fd = os.open(d + "/mnt/f0", os.O_RDONLY)
+                try:
+                    for off in range(0, 24 * mib, mib):
+                        check(os.pread(fd, mib, off) == datas[0][off:off + mib],
+                              "%s: at %d" % (opts, off))
+                    st = m.stat()
+                    held = st["decoder_windows"] + st["decoder_checkpoints"]
+                    check(held > 2 * mib, "%s: %d bytes of decoders" % (opts, held))
+                    # a decoder may still be finishing a readahead window
+                    # (in use: not taken); the write is tried again as a
+                    # user would
+                    for tries in range(50):
+                        try:
+                            m.set("memory.max", "2M")
+                            break
+                        except OSError as e:
+                            check(e.errno == errno.EBUSY, "%s: memory.max: %s" % (opts, e))
+                            time.sleep(0.02)
+                    else:
+                        fail("%s: memory.max 2M over %d bytes of idle decoders: %s"
+                             % (opts, held, {k: v for k, v in m.stat().items() if v}))
+                    st = m.stat()
+                    print("%s: %.1f MiB of idle decoders; at memory.max=2M: %s bytes, "
+                          "decoders %d bytes, %d reclaimed" % (
+                              opts, held / mib, m.ctl("memory.current").strip(),
+                              st["decoder_windows"] + st["decoder_checkpoints"],
+                              st["decoders_reclaimed"]))
+                    check(int(m.ctl("memory.current")) <= 2 * mib, "%s: over 2M" % opts)
+                    check(st["decoders_reclaimed"] >= 1, "%s: none counted" % opts)
+                    m.set("memory.max", "64M")
+                    for off in range(24 * mib, 36 * mib, mib):
+                        check(os.pread(fd, mib, off) == datas[0][off:off + mib],
+                              "%s: after, at %d" % (opts, off))
+                    for tries in range(50):
+                        try:
+                            m.set("memory.reclaim", "64M")
+                        except OSError as e:
+                            check(e.errno == errno.EAGAIN, "%s: memory.reclaim: %s" % (opts, e))
+                        st = m.stat()
+                        if st["decoder_windows"] + st["decoder_checkpoints"] == 0:
+                            break
+                        time.sleep(0.02)
+                    else:
+                        fail("%s: memory.reclaim left decoders: %s" % (opts, st))
+                    for off in range(36 * mib, 48 * mib, mib):
+                        check(os.pread(fd, mib, off) == datas[0][off:off + mib],
+                              "%s: after reclaim, at %d" % (opts, off))
+                finally:
+                    os.close(fd)
+                # readers while reclaim takes what it can, over and over
+                errors = []
+
+                def reader(i):
+                    try:
+                        with open(d + "/mnt/f%d" % i, "rb") as f:
+                            for n in range(2):
+                                f.seek(0)
+                                for off in range(0, len(datas[i]), mib):
+                                    if f.read(mib) != datas[i][off:off + mib]:
+                                        errors.append("f%d at %d" % (i, off))
+                                        return
+                    except OSError as e:
+                        errors.append("f%d: %s" % (i, e))
+
+                threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+                for t in threads:
+                    t.start()
+                writes = 0
+                while any(t.is_alive() for t in threads):
+                    try:
+                        m.set("memory.reclaim", "64M")
+                    except OSError as e:
+                        check(e.errno == errno.EAGAIN, "%s: memory.reclaim: %s" % (opts, e))
+                    writes += 1
+                for t in threads:
+                    t.join()
+                check(not errors, "%s: %s" % (opts, errors))
+                print("%s: %d reclaim writes beside two readers, %d decoders reclaimed in all"
+                      % (opts, writes, m.stat()["decoders_reclaimed"]))
+                check(int(m.ctl("memory.peak")) <= 64 * mib, "%s: over the budget" % opts)
 
 
 def test_ccache():
