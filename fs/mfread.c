@@ -255,7 +255,8 @@ static int entry_of_line(const char *line, size_t n, void *arg)
 /*
  * An entry's inode number against its place: mkzfolio numbers the entry of
  * index i as i + 2 (1 is the root), and gives a later name of a hard link
- * its first name's number.  Any other (an edited manifest) would hand the
+ * its first name's number (a file's, a symlink's or a special file's: never
+ * a directory's).  Any other (an edited manifest) would hand the
  * kernel node 0 (taken as "no such name"), the root's, or one directory
  * under two names: the entry is damaged, and said so (once per entry).
  * An earlier number that is a directory's is caught when the kernel opens
@@ -266,7 +267,7 @@ int mf_entry_placed(const struct mf_entry *e, uint64_t i)
 {
 	uint64_t ino = (uint64_t)e->st.st_ino;
 
-	if (ino == i + 2 || (S_ISREG(e->st.st_mode) && ino >= 2 && ino < i + 2))
+	if (ino == i + 2 || (!S_ISDIR(e->st.st_mode) && ino >= 2 && ino < i + 2))
 		return 0;
 	zlog_file(ZMF_NAME, "entry %llu (%.*s%s%.*s) has inode number %llu, "
 			    "not %llu%s: the manifest is damaged, and the "
@@ -274,7 +275,7 @@ int mf_entry_placed(const struct mf_entry *e, uint64_t i)
 		  (unsigned long long)i, (int)e->plen, e->parent,
 		  e->plen ? "/" : "", (int)e->nlen, e->name,
 		  (unsigned long long)ino, (unsigned long long)i + 2,
-		  S_ISREG(e->st.st_mode) ? " or an earlier file's" : "");
+		  S_ISDIR(e->st.st_mode) ? "" : " or an earlier entry's");
 	return -EIO;
 }
 

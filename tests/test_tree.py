@@ -74,6 +74,10 @@ def make_tricky(root):
     os.symlink("../x", root + "/links/up")
     os.mkfifo(root + "/fifo")
     os.mknod(root + "/null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    # hard links of a symlink and of special files: one inode each
+    os.link(root + "/links/up", root + "/dir/up_hard", follow_symlinks=False)
+    os.link(root + "/fifo", root + "/links/fifo_hard")
+    os.link(root + "/null", root + "/dir/null_hard")
     os.makedirs(root + "/empty")
     os.chmod(root + "/x", 0o4755)
     os.chown(root + "/x.zst", 1234, 5678, follow_symlinks=False)
@@ -98,6 +102,12 @@ def test_fidelity():
             check(tar_digest(mnt) == want, "tar of the mount differs from the source")
             a, b = os.stat(mnt + "/links/orig"), os.stat(mnt + "/dir/hard_elsewhere")
             check(a.st_ino == b.st_ino and a.st_nlink == 3, "hard links: %s %s" % (a, b))
+            for one, two in (("links/up", "dir/up_hard"), ("fifo", "links/fifo_hard"),
+                             ("null", "dir/null_hard")):
+                a, b = os.lstat(mnt + "/" + one), os.lstat(mnt + "/" + two)
+                check(a.st_ino == b.st_ino and a.st_nlink == 2,
+                      "hard links of %s: %s %s" % (one, a, b))
+            check(os.readlink(mnt + "/dir/up_hard") == "../x", "a hard-linked symlink's target")
             # directories' links count their subdirectories, the root's too
             for sub in ("", "/dir", "/links"):
                 check(os.stat(mnt + sub).st_nlink == os.stat(src + sub).st_nlink,

@@ -444,6 +444,24 @@ static struct place_in_data file_data(struct packed *p, int dirfd,
 	return d;
 }
 
+/*
+ * A symlink, FIFO, socket or device node of several names: the later names
+ * get the first one's inode number, as a regular file's hard links do.
+ */
+static void node_link(struct packed *p, const struct stat *st, uint64_t *inum)
+{
+	struct hardlink **hl = hardlink_slot(p, st), *l;
+
+	if (*hl) {
+		*inum = (*hl)->inum;
+		p->pk->hardlinks++;
+	} else if ((l = calloc(1, sizeof(*l)))) {
+		*l = (struct hardlink){NULL, st->st_dev, st->st_ino, *inum,
+				       0, 0, false};
+		*hl = l;
+	}
+}
+
 /* A directory's links: 2 and one per subdirectory. */
 static uint64_t dir_nlink(int dirfd, const char *name)
 {
@@ -527,6 +545,8 @@ static bool walk_entry(struct packed *p, int dirfd, const char *spath_dir,
 	} else {
 		p->pk->others++;
 	}
+	if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode) && st.st_nlink > 1)
+		node_link(p, &st, &inum);
 	manifest_entry(p, mpath, name, &st, size, inum, nlink, &d,
 		       S_ISLNK(st.st_mode) ? target : NULL, xattrs, xlen);
 	p->pk->done_files++;

@@ -62,7 +62,8 @@ static void remove_earlier(const struct place *dst, const char *name)
 /*
  * Hard links: a file's first name is packed, its others are links to that
  * .zst (a tree of .zst files keeps them: the mount gives each .zst's inode
- * and link count).
+ * and link count); a symlink's or a special file's others, links to its
+ * first name.
  */
 #define TREE_LINK_BUCKETS 1024
 
@@ -70,7 +71,7 @@ struct tree_link {
 	struct tree_link *next;
 	dev_t dev;
 	ino_t ino;
-	char *zpath; /* the first name's .zst */
+	char *zpath; /* the first name in DST (a file's: its .zst) */
 };
 
 static struct tree_link *tree_links[TREE_LINK_BUCKETS];
@@ -224,13 +225,46 @@ static void pack_dir(struct packer *pk, const struct place *src,
 	pk->dirs++;
 }
 
+/*
+ * A symlink or special file met before under another name: linked to that
+ * name (true); else remembered for its later names (false).
+ */
+static bool node_linked(struct packer *pk, const struct place *dst,
+			const struct entry *e)
+{
+	struct tree_link **slot, *l;
+
+	if (e->st.st_nlink < 2)
+		return false;
+	slot = tree_link_slot(&e->st);
+	if (*slot) {
+		unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
+		if (linkat(AT_FDCWD, (*slot)->zpath, dst->fd, e->name, 0))
+			die("%s: %s", e->dpath, strerror(errno));
+		pk->hardlinks++;
+		return true;
+	}
+	l = calloc(1, sizeof(*l));
+	if (!l || !(l->zpath = strdup(e->dpath)))
+		die("out of memory");
+	l->dev = e->st.st_dev;
+	l->ino = e->st.st_ino;
+	*slot = l;
+	return false;
+}
+
 /* A symlink: copied as a link, its target never followed. */
 static void pack_link(struct packer *pk, const struct place *src,
 		      const struct place *dst, const struct entry *e)
 {
 	char target[PATH_MAX + 1];
-	ssize_t len = readlinkat(src->fd, e->name, target, sizeof(target) - 1);
+	ssize_t len;
 
+	if (node_linked(pk, dst, e)) {
+		pk->links++;
+		return;
+	}
+	len = readlinkat(src->fd, e->name, target, sizeof(target) - 1);
 	if (len < 0) {
 		skip_unreadable(errno, e->spath, "not packed");
 		remove_earlier(dst, e->name);
@@ -248,6 +282,10 @@ static void pack_link(struct packer *pk, const struct place *src,
 static void pack_node(struct packer *pk, const struct place *dst,
 		      const struct entry *e)
 {
+	if (node_linked(pk, dst, e)) {
+		pk->others++;
+		return;
+	}
 	unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
 	if (mknodat(dst->fd, e->name, e->st.st_mode, e->st.st_rdev))
 		die("%s: %s", e->dpath, strerror(errno));
