@@ -4,7 +4,7 @@
 what zfolioctl makes of the path, the mount and the file it is given.
 
     test_cli.py version | not_mount | ctl_name | groups | writes | stat | inspect |
-                frames | index | changing | xattrs
+                frames | index | growing | changing | xattrs | sparse
 """
 import errno
 import fcntl
@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zftest import *  # noqa: E402,F401,F403
@@ -472,6 +473,51 @@ def pack_while_removing(src, dst, layout, seed):
         except FileNotFoundError:
             pass
     return p, err
+
+
+def test_growing():
+    """A file that grows while mkzfolio reads it (a log being written) is
+    packed as it was when listed, its first bytes, and said as tar says
+    it, exit status 1; the dataset mounts and serves those bytes.  Both
+    layouts."""
+    require_root_fuse()
+    with tmpdir() as d:
+        for layout in ("packed", "tree"):
+            src = d + "/src_" + layout
+            os.makedirs(src)
+            with open(src + "/log", "wb") as f:
+                f.write(text_bytes(32 << 20, 7))
+            stop = threading.Event()
+
+            def grow():
+                with open(src + "/log", "ab") as f:
+                    while not stop.is_set():
+                        f.write(b"x" * 4096)
+                        f.flush()
+                        time.sleep(0.001)
+
+            t = threading.Thread(target=grow)
+            t.start()
+            try:
+                p = subprocess.run([MKZFOLIO, "-q", "--layout=" + layout, src, d + "/dst_" + layout],
+                                   capture_output=True, text=True, timeout=120)
+            finally:
+                stop.set()
+                t.join()
+            err = p.stderr
+            check(p.returncode == 1, "%s: exit status %d: %s" % (layout, p.returncode, err))
+            check(src + "/log: changed while being read" in err and "pack again" in err,
+                  "%s: %r" % (layout, err))
+            with open(src + "/log", "rb") as f:
+                whole = f.read()
+            with Mount(d + "/dst_" + layout, d + "/mnt"):
+                with open(d + "/mnt/log", "rb") as f:
+                    got = f.read()
+            check(32 << 20 <= len(got) < len(whole) and got == whole[:len(got)],
+                  "%s: %d bytes served of %d, the first ones: %s" % (
+                      layout, len(got), len(whole), got == whole[:len(got)]))
+            print("%s: packed %d bytes of a file grown to %d; %s" % (
+                layout, len(got), len(whole), err.strip().splitlines()[0]))
 
 
 def test_changing():

@@ -134,7 +134,8 @@ void write_all(int fd, const void *buf, size_t len, const char *path);
 /* Hard links: the bucket of a file's (device, inode) in a table of n. */
 unsigned long inode_bucket(const struct stat *st, unsigned long n);
 void read_all(int fd, void *buf, size_t len, off_t off, const char *path);
-/* how many files read_all() found shorter than they were said to be */
+void check_unchanged(int fd, const struct stat *st, const char *path);
+/* how many files changed while being read (read_all, check_unchanged) */
 unsigned int files_changed(void);
 /*
  * A file that cannot be read, and is skipped: err ENOENT (gone between its

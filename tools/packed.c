@@ -433,6 +433,7 @@ static struct place_in_data file_data(struct packed *p, int dirfd,
 			d = pack_append(p, fd, (size_t)st->st_size, spath);
 		else
 			d = data_write(p, fd, st, spath);
+		check_unchanged(fd, st, spath);
 		close(fd);
 		p->bytes += (uint64_t)st->st_size;
 	}

@@ -177,11 +177,22 @@ unsigned long inode_bucket(const struct stat *st, unsigned long buckets)
 static unsigned int changed_files;
 static char changed_last[PATH_MAX];
 
+/* path counted as changed, if it was not already: whether it is new. */
+static bool count_changed(const char *path)
+{
+	if (!strcmp(changed_last, path))
+		return false;
+	snprintf(changed_last, sizeof(changed_last), "%s", path);
+	changed_files++;
+	return true;
+}
+
 /*
  * Exactly len bytes at off.  A file that shrank while being read (a log
  * rotated, a file rewritten) is packed as it was read, its missing tail as
  * zeros, as tar does: said once per file here, and counted for mkzfolio's
- * exit status.  A file that grew is packed at the size fstatat gave.
+ * exit status.  A file that grew is packed at the size fstatat gave, and
+ * said by check_unchanged().
  */
 void read_all(int fd, void *buf, size_t len, off_t off, const char *path)
 {
@@ -197,17 +208,35 @@ void read_all(int fd, void *buf, size_t len, off_t off, const char *path)
 			die("%s: %s", path, strerror(errno));
 		if (n == 0) {
 			memset((char *)buf + got, 0, len - got);
-			if (strcmp(changed_last, path)) {
-				snprintf(changed_last, sizeof(changed_last),
-					 "%s", path);
-				changed_files++;
+			if (count_changed(path))
 				warn("%s: shrank while being read; packed "
 				     "as read, the rest as zeros", path);
-			}
 			return;
 		}
 		got += (size_t)n;
 	}
+}
+
+/*
+ * After the last read of fd, taken at st: a file written meanwhile (its size
+ * or ctime moved: it grew, or was written in place) is packed as read, at
+ * st's size, and said as tar says it, once per file, counted for the exit
+ * status.
+ */
+void check_unchanged(int fd, const struct stat *st, const char *path)
+{
+	struct stat now;
+
+	if (fstat(fd, &now) ||
+	    (now.st_size == st->st_size &&
+	     now.st_ctim.tv_sec == st->st_ctim.tv_sec &&
+	     now.st_ctim.tv_nsec == st->st_ctim.tv_nsec))
+		return;
+	if (count_changed(path))
+		warn("%s: changed while being read (%lld bytes, now %lld); "
+		     "packed as read, at %lld bytes",
+		     path, (long long)st->st_size, (long long)now.st_size,
+		     (long long)st->st_size);
 }
 
 unsigned int files_changed(void)

@@ -138,6 +138,7 @@ static void pack_file(struct packer *pk, const struct place *src,
 		left -= len;
 		queue_frame(pk, of, fd, len, e->spath);
 	}
+	check_unchanged(fd, &e->st, e->spath);
 	close(fd);
 	pk->files++;
 	pk->done_files++;
