@@ -583,7 +583,7 @@ def test_changing():
                      MKZFOLIO, "-q", "--layout", layout, src, dst])
             check(r.returncode == 1, "%s as a user: %d %s" % (layout, r.returncode, r.stderr))
             for needle in ("secret: Permission denied; not packed", "locked: Permission denied",
-                           "2 files could not be read and are left out"):
+                           "2 entries could not be read: left out, or packed empty"):
                 check(needle in r.stderr, "%s: %r does not say %r" % (layout, r.stderr, needle))
             with Mount(dst, d + "/mnt"):
                 with open(d + "/mnt/a", "rb") as f:

@@ -427,9 +427,9 @@ int main(int argc, char **argv)
 		     "consistent copy", files_changed(),
 		     files_changed() == 1 ? "" : "s");
 	if (files_unreadable())
-		warn("%u file%s could not be read and %s left out",
-		     files_unreadable(), files_unreadable() == 1 ? "" : "s",
-		     files_unreadable() == 1 ? "is" : "are");
+		warn("%u entr%s could not be read: left out, or packed "
+		     "empty (directories), each named above",
+		     files_unreadable(), files_unreadable() == 1 ? "y" : "ies");
 	if (url)
 		upload_dataset(tmp_dir, url, &cli.store, cli.quiet);
 	return files_changed() || files_unreadable() ? 1 : 0;
