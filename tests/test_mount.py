@@ -242,6 +242,10 @@ def test_errors():
         r = subprocess.run([MKZFOLIO, d + "/src", d + "/src/out"], capture_output=True, text=True)
         check(r.returncode != 0 and "is inside" in r.stderr, "mkzfolio DST inside SRC")
         check(not os.path.exists(d + "/src/out"), "mkzfolio left DST inside SRC")
+        r = subprocess.run([MKZFOLIO, d + "/src", d + "/no/such/out"], capture_output=True,
+                           text=True)
+        check(r.returncode == 1 and "parent directory does not exist" in r.stderr,
+              "mkzfolio DST without its parent: %r" % r.stderr)
 
 
 def test_fstab():

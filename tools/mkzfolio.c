@@ -258,6 +258,9 @@ static void check_paths(const struct cli *cli, struct stat *sst, char *rsrc,
 		die("%s: not a directory", cli->src);
 	bool made = mkdir(cli->dst, 0755) == 0;
 
+	if (!made && errno == ENOENT)
+		die("%s: cannot make it: its parent directory does not exist "
+		    "(mkzfolio makes DST, not its parents)", cli->dst);
 	if (!made && errno != EEXIST)
 		die("%s: %s", cli->dst, strerror(errno));
 	if (!realpath(cli->src, rsrc))
