@@ -208,7 +208,9 @@ void uncharge(struct group *g, unsigned long nr);
 bool reclaim_for_batch(struct group *g, unsigned long nr, bool for_ra);
 unsigned long reclaim_pass(struct group *g, unsigned long nr, bool for_ra);
 int reclaim_proactive(struct group *g, unsigned long nr_pages);
-bool reclaim_is_proactive(void);
+bool reclaim_user_asked(void);
+bool reclaim_user_begin(void);
+void reclaim_user_end(bool was);
 unsigned long reclaim_headroom_pages(const struct group *g);
 unsigned long reclaim_headroom_of(unsigned long max);
 unsigned long reclaim_batch_size(unsigned long target,

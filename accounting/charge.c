@@ -388,38 +388,39 @@ unsigned long reclaim_batch_size(unsigned long target, unsigned long reclaimed)
 }
 
 /*
+ * Whether this thread's reclaim was asked for by the user (a write to
+ * memory.reclaim or memory.max, between reclaim_user_begin() and _end()),
+ * as the kernel's scan_control.proactive: only such reclaim takes what the
+ * cache's user holds beyond its folios (the cache's shrink_other).  A
+ * charge's reclaim, or a share's, leaves that alone: its owner gives it
+ * back on its own terms when a charge of its needs room.
+ */
+static __thread bool user_asked;
+
+bool reclaim_user_asked(void)
+{
+	return user_asked;
+}
+
+bool reclaim_user_begin(void)
+{
+	bool was = user_asked;
+
+	user_asked = true;
+	return was;
+}
+
+void reclaim_user_end(bool was)
+{
+	user_asked = was;
+}
+
+/*
  * memory.reclaim: free nr_pages from g.  -EAGAIN after MAX_RECLAIM_RETRIES
  * passes that freed nothing.  The stocks are drained before the last try,
  * as the kernel drains its per-CPU LRU batches.
  */
-/*
- * Whether this thread's reclaim was asked for by the user (memory.reclaim,
- * a lower memory.max), as the kernel's scan_control.proactive: only such
- * reclaim takes what the cache's user holds beyond its folios (the cache's
- * shrink_other).  A charge's reclaim leaves that alone: its owner gives
- * it back on its own terms when a charge of its needs room.
- */
-static __thread bool proactive;
-
-bool reclaim_is_proactive(void)
-{
-	return proactive;
-}
-
-static int proactive_passes(struct group *g, unsigned long nr_pages);
-
 int reclaim_proactive(struct group *g, unsigned long nr_pages)
-{
-	bool was = proactive;
-	int r;
-
-	proactive = true;
-	r = proactive_passes(g, nr_pages);
-	proactive = was;
-	return r;
-}
-
-static int proactive_passes(struct group *g, unsigned long nr_pages)
 {
 	unsigned long reclaimed = 0;
 	unsigned int zero_passes = 0;
@@ -455,20 +456,7 @@ static int proactive_passes(struct group *g, unsigned long nr_pages)
  * If the pages are pinned and nothing can be freed, the old limit comes back
  * and the write fails with -EBUSY (mem_cgroup_resize_max() of cgroup v1).
  */
-static int set_max_ratchet(struct group *g, long max_pages);
-
 int group_set_max(struct group *g, long max_pages)
-{
-	bool was = proactive;
-	int r;
-
-	proactive = true;
-	r = set_max_ratchet(g, max_pages);
-	proactive = was;
-	return r;
-}
-
-static int set_max_ratchet(struct group *g, long max_pages)
 {
 	long old = counter_max(&g->mem);
 	unsigned int zero_passes = 0;

@@ -67,7 +67,7 @@ static unsigned long root_turn(struct cache *c, struct group *g,
 	if (below > (long)(nr - got))
 		return 0;
 	more = ccache_shrink(c, nr - got);
-	if (got + more < nr && c->shrink_other && reclaim_is_proactive())
+	if (got + more < nr && c->shrink_other && reclaim_user_asked())
 		more += c->shrink_other(c->shrink_other_arg, nr - got - more);
 	return more;
 }

@@ -327,7 +327,7 @@ struct cache {
 	/* memory the cache's user holds in the budget and can give back (the
 	 * daemon's idle decoders), as the kernel's shrinkers: asked last, in
 	 * the root's turn of a reclaim walk the user asked for
-	 * (reclaim_is_proactive); the pages it freed */
+	 * (reclaim_user_asked); the pages it freed */
 	unsigned long (*shrink_other)(void *arg, unsigned long nr);
 	void *shrink_other_arg;
 };

@@ -91,9 +91,15 @@ static int write_max(struct group *g, const char *s)
 {
 	long pages;
 
+	bool was;
+	int r;
+
 	if (parse_pages(s, &pages))
 		return -EINVAL;
-	return group_set_max(g, pages);
+	was = reclaim_user_begin(); /* idle decoders may go too */
+	r = group_set_max(g, pages);
+	reclaim_user_end(was);
+	return r;
 }
 
 static int write_high(struct group *g, const char *s)
@@ -108,10 +114,15 @@ static int write_high(struct group *g, const char *s)
 static int write_reclaim(struct group *g, const char *s)
 {
 	uint64_t bytes;
+	bool was;
+	int r;
 
 	if (parse_size(s, &bytes, false))
 		return -EINVAL;
-	return reclaim_proactive(g, (unsigned long)(bytes >> ZF_PAGE_SHIFT));
+	was = reclaim_user_begin(); /* idle decoders may go too */
+	r = reclaim_proactive(g, (unsigned long)(bytes >> ZF_PAGE_SHIFT));
+	reclaim_user_end(was);
+	return r;
 }
 
 static int write_peak(struct group *g, const char *s)

@@ -50,12 +50,15 @@ static void zstream_forget(struct zstream *z)
 /* f's streams off the pool and freed: f's last reference is going. */
 void zfile_streams_release(struct zfile *f)
 {
+	/* all off the pool first: reclaim looks at a listed stream's
+	 * siblings (sibling_busy) */
+	pthread_mutex_lock(&f->pool->lock);
+	for (int i = 0; i < ZFILE_STREAMS; i++)
+		cds_list_del_init(&f->streams[i].link);
+	pthread_mutex_unlock(&f->pool->lock);
 	for (int i = 0; i < ZFILE_STREAMS; i++) {
 		struct zstream *z = &f->streams[i];
 
-		pthread_mutex_lock(&f->pool->lock);
-		cds_list_del_init(&z->link);
-		pthread_mutex_unlock(&f->pool->lock);
 		zstream_drop(z);
 		pthread_mutex_destroy(&z->lock);
 	}

@@ -135,6 +135,8 @@ void write_all(int fd, const void *buf, size_t len, const char *path);
 unsigned long inode_bucket(const struct stat *st, unsigned long n);
 void read_all(int fd, void *buf, size_t len, off_t off, const char *path);
 void check_unchanged(int fd, const struct stat *st, const char *path);
+void check_unchanged_at(int dirfd, const char *name, const struct stat *st,
+			const char *path);
 /* how many files changed while being read (read_all, check_unchanged) */
 unsigned int files_changed(void);
 /*

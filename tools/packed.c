@@ -436,6 +436,8 @@ static struct place_in_data file_data(struct packed *p, int dirfd,
 		check_unchanged(fd, st, spath);
 		close(fd);
 		p->bytes += (uint64_t)st->st_size;
+	} else {
+		check_unchanged_at(dirfd, name, st, spath);
 	}
 	if (hl && (l = calloc(1, sizeof(*l)))) {
 		*l = (struct hardlink){NULL, st->st_dev, st->st_ino, *inum,

@@ -218,25 +218,42 @@ void read_all(int fd, void *buf, size_t len, off_t off, const char *path)
 }
 
 /*
- * After the last read of fd, taken at st: a file written meanwhile (its size
- * or ctime moved: it grew, or was written in place) is packed as read, at
- * st's size, and said as tar says it, once per file, counted for the exit
- * status.
+ * After the last read of a file taken at st (fd, or dirfd/name for one
+ * packed without reading: empty when listed): a file written meanwhile
+ * (its size or ctime moved: it grew, or was written in place) is packed as
+ * read, at st's size, and said as tar says it, once per file, counted for
+ * the exit status.
  */
-void check_unchanged(int fd, const struct stat *st, const char *path)
+static void said_if_changed(const struct stat *st, const struct stat *now,
+			    const char *path)
 {
-	struct stat now;
-
-	if (fstat(fd, &now) ||
-	    (now.st_size == st->st_size &&
-	     now.st_ctim.tv_sec == st->st_ctim.tv_sec &&
-	     now.st_ctim.tv_nsec == st->st_ctim.tv_nsec))
+	if (now->st_size == st->st_size &&
+	    now->st_ctim.tv_sec == st->st_ctim.tv_sec &&
+	    now->st_ctim.tv_nsec == st->st_ctim.tv_nsec)
 		return;
 	if (count_changed(path))
 		warn("%s: changed while being read (%lld bytes, now %lld); "
 		     "packed as read, at %lld bytes",
-		     path, (long long)st->st_size, (long long)now.st_size,
+		     path, (long long)st->st_size, (long long)now->st_size,
 		     (long long)st->st_size);
+}
+
+void check_unchanged(int fd, const struct stat *st, const char *path)
+{
+	struct stat now;
+
+	if (!fstat(fd, &now))
+		said_if_changed(st, &now, path);
+}
+
+void check_unchanged_at(int dirfd, const char *name, const struct stat *st,
+			const char *path)
+{
+	struct stat now;
+
+	if (!fstatat(dirfd, name, &now, AT_SYMLINK_NOFOLLOW) &&
+	    (now.st_mode & S_IFMT) == (st->st_mode & S_IFMT))
+		said_if_changed(st, &now, path);
 }
 
 unsigned int files_changed(void)

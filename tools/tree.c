@@ -226,32 +226,37 @@ static void pack_dir(struct packer *pk, const struct place *src,
 	pk->dirs++;
 }
 
-/*
- * A symlink or special file met before under another name: linked to that
- * name (true); else remembered for its later names (false).
- */
+/* A symlink or special file met before under another name: linked to
+ * that name (true), or not met (false). */
 static bool node_linked(struct packer *pk, const struct place *dst,
 			const struct entry *e)
+{
+	struct tree_link **slot;
+
+	if (e->st.st_nlink < 2 || !*(slot = tree_link_slot(&e->st)))
+		return false;
+	unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
+	if (linkat(AT_FDCWD, (*slot)->zpath, dst->fd, e->name, 0))
+		die("%s: %s", e->dpath, strerror(errno));
+	pk->hardlinks++;
+	return true;
+}
+
+/* A symlink or special file of several names, made: its later names link
+ * to it. */
+static void node_made(const struct entry *e)
 {
 	struct tree_link **slot, *l;
 
 	if (e->st.st_nlink < 2)
-		return false;
+		return;
 	slot = tree_link_slot(&e->st);
-	if (*slot) {
-		unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
-		if (linkat(AT_FDCWD, (*slot)->zpath, dst->fd, e->name, 0))
-			die("%s: %s", e->dpath, strerror(errno));
-		pk->hardlinks++;
-		return true;
-	}
 	l = calloc(1, sizeof(*l));
 	if (!l || !(l->zpath = strdup(e->dpath)))
 		die("out of memory");
 	l->dev = e->st.st_dev;
 	l->ino = e->st.st_ino;
 	*slot = l;
-	return false;
 }
 
 /* A symlink: copied as a link, its target never followed. */
@@ -275,6 +280,7 @@ static void pack_link(struct packer *pk, const struct place *src,
 	unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
 	if (symlinkat(target, dst->fd, e->name))
 		die("%s: %s", e->dpath, strerror(errno));
+	node_made(e);
 	keep_node_meta(pk, dst, e);
 	pk->links++;
 }
@@ -290,6 +296,7 @@ static void pack_node(struct packer *pk, const struct place *dst,
 	unlinkat(dst->fd, e->name, 0); /* --force over an earlier pack */
 	if (mknodat(dst->fd, e->name, e->st.st_mode, e->st.st_rdev))
 		die("%s: %s", e->dpath, strerror(errno));
+	node_made(e);
 	keep_node_meta(pk, dst, e);
 	pk->others++;
 }
