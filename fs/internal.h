@@ -561,6 +561,7 @@ struct znode *znode_ctl(struct dataset *ds, struct group *g, int ctl_id,
 /* remote.c: a dataset in a store */
 int remote_open(struct dataset *ds, char *err, size_t errlen);
 void remote_close(struct dataset *ds);
+void remote_cancel(struct dataset *ds);
 struct store_client *remote_client(void);
 void remote_thread_done(void);
 int remote_obj_open(struct dataset *ds, const char *path,

@@ -310,6 +310,7 @@ static void loop_stop(struct loop *lp)
 {
 	int fd = fuse_session_fd(lp->se);
 	unsigned int left = lp->n;
+	bool cancelled = false;
 
 	lp->drain_end_ms = monotonic_ms() + LOOP_DRAIN_MS;
 	/* serve what is queued, and no longer wait for more */
@@ -324,6 +325,12 @@ static void loop_stop(struct loop *lp)
 					     LOOP_WAKE_SIGNAL);
 		while (left && worker_left(lp, LOOP_WAKE_MS))
 			left--;
+		/* past the drain: a worker still waits on a store (a stalled
+		 * server); its read and every one after fail now */
+		if (left && !cancelled && drain_over(lp)) {
+			remote_cancel(lp->ds);
+			cancelled = true;
+		}
 	}
 	for (unsigned int i = 0; i < lp->n; i++)
 		pthread_join(lp->workers[i].thread, NULL);

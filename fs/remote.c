@@ -84,6 +84,12 @@ void remote_thread_done(void)
 		store_idle(client_store);
 }
 
+void remote_cancel(struct dataset *ds)
+{
+	if (ds && ds->store)
+		store_cancel(ds->store);
+}
+
 void remote_close(struct dataset *ds)
 {
 	if (!ds->store)

@@ -551,6 +551,14 @@ void store_idle(struct store *s)
 	fetcher_stop(s);
 }
 
+void store_cancel(struct store *s)
+{
+	pthread_mutex_lock(&s->fetcher_lock);
+	s->cancelled = true;
+	pthread_mutex_unlock(&s->fetcher_lock);
+	fetcher_stop(s); /* its reads complete with -ECANCELED */
+}
+
 /* Queue r for F; s->fetcher_lock is held, so F cannot be stopping. */
 static void fetcher_queue(struct fetcher *F, struct store_read *r)
 {
@@ -590,6 +598,7 @@ void store_read_start(struct store_client *c, struct store_obj *o,
 		      struct store_read *r)
 {
 	struct fetcher *F;
+	bool cancelled;
 
 	(void)c;
 	sem_init(&r->done, 0, 0);
@@ -609,11 +618,16 @@ void store_read_start(struct store_client *c, struct store_obj *o,
 			 : r->len > o->size - r->off ? o->size - r->off
 						     : r->len;
 	pthread_mutex_lock(&o->s->fetcher_lock);
-	F = fetcher_get(o->s);
+	cancelled = o->s->cancelled;
+	F = cancelled ? NULL : fetcher_get(o->s);
 	if (F)
 		fetcher_queue(F, r);
 	pthread_mutex_unlock(&o->s->fetcher_lock);
-	if (!F) {
+	if (cancelled) {
+		set_err(r, "the mount is stopping");
+		r->res = -ECANCELED;
+		sem_post(&r->done);
+	} else if (!F) {
 		set_err(r, "out of memory");
 		r->res = -ENOMEM;
 		sem_post(&r->done);

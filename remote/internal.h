@@ -19,6 +19,7 @@ struct store {
 	unsigned int retries, timeout_s;
 	struct fetcher *fetcher; /* started with the first read (fetch.c) */
 	pthread_mutex_t fetcher_lock;
+	bool cancelled; /* under fetcher_lock: reads fail at once */
 	/* counters: relaxed, each a statistic of its own */
 	atomic_uint_fast64_t n_requests, n_bytes, n_retries, n_failures,
 		n_changed, n_streams;

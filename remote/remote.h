@@ -125,6 +125,9 @@ int store_read_wait(struct store_client *c, struct store_read *r);
 void store_read_cancel(struct store_read *r);
 /* Before a fork: the fetcher thread stops (it starts again when needed). */
 void store_idle(struct store *s);
+/* The mount is going: what is in flight fails now (-ECANCELED), and so does
+ * every read after. */
+void store_cancel(struct store *s);
 /* Read len bytes at off now: the bytes read or -errno. */
 ssize_t store_pread(struct store_client *c, struct store_obj *o, void *buf,
 		    size_t len, uint64_t off);

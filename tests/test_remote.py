@@ -3,7 +3,7 @@
 """Datasets in object storage: a packed dataset served over HTTP by nginx
 and over S3 by a single-node Ceph RADOS Gateway, read through zfolio.
 
-    test_remote.py http | https | faults | changed | ccache | errors | s3
+    test_remote.py http | https | faults | stop | changed | ccache | errors | s3
 """
 import hashlib
 import os
@@ -270,6 +270,56 @@ def test_faults():
                 px.every_503 = 0
                 with open(os.path.join(m.mnt, rel), "rb") as f:
                     check(f.read() == files[rel], "not right after recovery")
+
+
+def test_stop():
+    """SIGTERM while a reader waits on a store that stalls (a server that
+    takes its requests and answers none), at the default timeout and
+    retries: the daemon serves for its 2 s, then the read in flight fails
+    and the daemon is gone within seconds, not after the retries' minutes;
+    the reader gets an error, never a hang."""
+    require_root_fuse()
+    with tmpdir() as d:
+        src, www, files = packed_dataset(d)
+        with stores.Nginx(www) as web, stores.FaultProxy(web.port) as px:
+            m = Mount(px.url + "ds/", d + "/mnt", "budget=4M,cache=engine",
+                      expect_exit=None)
+            with m:
+                rel = "big/text0.log"
+                fd = os.open(os.path.join(m.mnt, rel), os.O_RDONLY)
+                check(os.pread(fd, 4096, 0) == files[rel][:4096], "the first page")
+                px.every_stall, px.stall_s = 1, 120  # no answer from now on
+                got = []
+
+                def read_far():
+                    try:
+                        got.append(os.pread(fd, 1 << 20, 8 * MIB))
+                    except OSError as e:
+                        got.append(e)
+
+                t = threading.Thread(target=read_far, daemon=True)
+                t.start()
+                time.sleep(1)
+                check(t.is_alive(), "the read did not wait on the stalled store")
+                t0 = time.time()
+                m.proc.terminate()
+                try:
+                    m.proc.wait(timeout=15 * SLOW)
+                except subprocess.TimeoutExpired:
+                    fail("the daemon still runs %.0f s after SIGTERM, a read "
+                         "waiting on the store" % (time.time() - t0))
+                took = time.time() - t0
+                t.join(10)
+                check(not t.is_alive(), "the reader still waits after the daemon left")
+                print("SIGTERM with a read on a stalled store: daemon gone in %.1f s, "
+                      "the reader got %r" % (took, got[0] if got else None))
+                check(got and isinstance(got[0], OSError), "the read: %r" % got[:1])
+                check(took < 8, "the daemon took %.1f s to stop" % took)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                subprocess.run(["fusermount3", "-u", "-z", m.mnt], capture_output=True)
 
 
 def test_changed():
