@@ -704,14 +704,16 @@ static int data_file(struct dataset *ds, uint64_t id, struct zfile **out)
 				zfile_put(d->f);
 			d->f = NULL;
 			r = -EIO;
-		} else if (!ds->store && (r == -ENOENT || r == -EACCES ||
-					  r == -EPERM)) {
-			/* the manifest names it: missing or unreadable, the
-			 * dataset is damaged, which a reader should not take
-			 * for a file removed under it (ENOENT) */
-			zlog_file(path, "%s: the dataset is damaged, and the "
-					"files stored in it read as EIO",
-				  strerror(-r));
+		} else if (r == -ENOENT || r == -EACCES || r == -EPERM) {
+			/* the manifest names it: missing or unreadable (a
+			 * store's 404 or 403, said above), the dataset is
+			 * damaged, which a reader should not take for a file
+			 * removed under it (ENOENT) */
+			if (!ds->store)
+				zlog_file(path, "%s: the dataset is damaged, "
+						"and the files stored in it "
+						"read as EIO",
+					  strerror(-r));
 			r = -EIO;
 		}
 	}

@@ -418,9 +418,28 @@ def test_ccache():
 
 def test_errors():
     """Mounting what is not there fails at once with one line: no dataset
-    at the URL, a server that refuses connections, a bucket-less s3 URL."""
+    at the URL, a server that refuses connections, a bucket-less s3 URL.
+    A listed file whose data object is missing (404) opens as EIO, not
+    ENOENT (tar would take that for a file removed), the log naming the
+    object; once it is back, the file reads."""
     require_root_fuse()
     with tmpdir() as d:
+        src, www, files = packed_dataset(d)
+        with stores.Nginx(www) as web:
+            with Mount(web.url + "ds/", d + "/mnt", "retries=1") as m:
+                os.rename(www + "/ds/data", www + "/ds/data.away")
+                rel = "big/text1.log"
+                check(os.stat(os.path.join(m.mnt, rel)).st_size == len(files[rel]),
+                      "the manifest's size")
+                try:
+                    open(os.path.join(m.mnt, rel), "rb").close()
+                    fail("a file whose object is missing opened")
+                except OSError as e:
+                    check(e.errno == errno.EIO, "a missing object: %r, not EIO" % e)
+                check("404" in m.output(), "the log: %r" % m.output())
+                os.rename(www + "/ds/data.away", www + "/ds/data")
+                with open(os.path.join(m.mnt, rel), "rb") as f:
+                    check(f.read() == files[rel], "not right once the object is back")
         os.makedirs(d + "/www/empty")
         with stores.Nginx(d + "/www") as web:
             cases = [
