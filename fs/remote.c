@@ -136,8 +136,9 @@ void remote_log(struct zfile *f, long err)
 	struct store_client *c = remote_client();
 
 	if (err == -ESTALE)
-		zlog_file(f->path, "changed in the store while mounted: it "
-				   "reads as ESTALE until opened again");
+		zlog_file(f->path, "changed in the store while mounted: "
+				   "reads of it fail (EIO) until it is "
+				   "opened again");
 	else
 		zlog_file(f->path, "%s", c ? store_client_error(c)
 					   : strerror((int)-err));
