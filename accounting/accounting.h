@@ -167,6 +167,7 @@ int share_join(struct budget *b, const char *path, const char *name,
 int share_start(struct budget *b);
 void share_step(struct share *s);
 void share_kick(struct share *s, long mine);
+bool share_over(struct share *s, long mine, unsigned long nr);
 void share_stop(struct budget *b);
 void share_leave(struct budget *b);
 int share_describe(const struct budget *b, char *buf, size_t len);

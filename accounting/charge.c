@@ -279,6 +279,12 @@ static int try_charge(struct group *g, unsigned long nr, enum charge_mode mode)
 
 	if (consume_stock(g, nr))
 		return 0;
+	if (mode == CHARGE_SPECULATIVE && g->budget->share &&
+	    share_over(g->budget->share, counter_read(&g->budget->root.mem),
+		       nr)) {
+		stat_inc(g, STAT_CHARGE_FAIL_SPEC);
+		return -ENOMEM;
+	}
 retry:
 	if (counter_try_charge(&g->mem, (long)batch, &fail)) {
 		if (batch > nr)

@@ -282,6 +282,24 @@ static void futex_wait_ms(_Atomic uint32_t *word, uint32_t seen, long ms)
 	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &t, NULL, 0);
 }
 
+/*
+ * Whether nr pages more would take the members over the limit, this one
+ * holding mine (the others as last seen): a speculative charge (readahead)
+ * is then refused, as at a parent cgroup's limit, and the members are
+ * woken to reclaim.  Readahead of a dataset in a store stays in flight
+ * while its requests run, where the members' reclaim cannot take it: two
+ * mounts of one over HTTP at share_max=32M held 50 MiB together.
+ */
+bool share_over(struct share *s, long mine, unsigned long nr)
+{
+	if (mine + (long)nr + atomic_load_explicit(&s->others,
+						   memory_order_relaxed) <=
+	    s->f->max_pages)
+		return false;
+	share_kick(s, mine);
+	return true;
+}
+
 void share_kick(struct share *s, long mine)
 {
 	int64_t now;
