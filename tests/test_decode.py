@@ -302,7 +302,8 @@ def test_checkpoints():
                     for off in range(0, len(data), mib):
                         check(os.pread(fd, mib, off) == data[off:off + mib],
                               "%s: at %d" % (opts, off))
-                    held = m.stat()["decoder_checkpoints"]
+                    st0 = m.stat()
+                    held = st0["decoder_checkpoints"]
                     for at in (38, 36, 34, 20):
                         off = at * mib + 12345
                         check(os.pread(fd, 4096, off) == data[off:off + 4096],
@@ -316,12 +317,19 @@ def test_checkpoints():
                           opts, held / mib, m.stat()["decoder_checkpoint_restores"],
                           m.stat()["decoder_restarts"], st["decoder_restarts"],
                           m.stat()["decoder_skipped_bytes"] / mib, m.ctl("memory.peak")))
-                check(0 < held <= 8 * mib, "%s: %d bytes of states" % (opts, held))
-                check(st["decoder_checkpoint_restores"] == 3 and st["decoder_restarts"] == 0,
+                # an eighth of the budget, and one state more for a place
+                # kept where another worker fills a piece (split_pass_over:
+                # several workers take readahead windows at once)
+                check(0 < held <= 8 * mib + 3 * mib, "%s: %d bytes of states" % (opts, held))
+                # counted from after the sequential pass (whose windows,
+                # filled by several workers, may go back to a place kept)
+                restores = st["decoder_checkpoint_restores"] - st0["decoder_checkpoint_restores"]
+                restarts = st["decoder_restarts"] - st0["decoder_restarts"]
+                check(restores == 3 and restarts == 0,
                       "%s: %d reads went back to a state, %d to the start" % (
-                          opts, st["decoder_checkpoint_restores"], st["decoder_restarts"]))
-                check(m.stat()["decoder_restarts"] == 1, "%s: 20 MiB went back to a state"
-                      % opts)
+                          opts, restores, restarts))
+                check(m.stat()["decoder_restarts"] - st0["decoder_restarts"] == 1,
+                      "%s: 20 MiB went back to a state" % opts)
                 check(int(m.ctl("memory.peak")) <= 64 * mib, "%s: over the budget" % opts)
 
 
