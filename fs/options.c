@@ -84,7 +84,7 @@ const struct opt_desc opt_table[] = {
 	 "keep: let the kernel cache them",
 	 backing_modes, 0, 0},
 	{"ccache_pct", OPT_UINT, OFF(ccache_pct), "auto",
-	 "the share of the budget, in percent, that may keep frames "
+	 "the share of the budget, in percent (0 to 90), that may keep frames "
 	 "compressed once they were read from backing twice (the compressed "
 	 "cache: a random reader of more than the budget holds then decodes "
 	 "them again instead of reading them again); auto is 50 for a "

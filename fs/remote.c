@@ -139,9 +139,10 @@ void remote_log(struct zfile *f, long err)
 		zlog_file(f->path, "changed in the store while mounted: "
 				   "reads of it fail (EIO) until it is "
 				   "opened again");
-	else
-		zlog_file(f->path, "%s", c ? store_client_error(c)
-					   : strerror((int)-err));
+	else /* which store: the log may hold several mounts' lines */
+		zlog_file(f->path, "%s (%s)",
+			  c ? store_client_error(c) : strerror((int)-err),
+			  store_base_url(f->ds->store));
 }
 
 int remote_describe(char *buf, size_t len)
