@@ -813,7 +813,19 @@ int manifest_open_file(struct dataset *ds, fuse_ino_t ino, struct zfile **f,
 		r = data_file(ds, e->data_id, f);
 	if (!r && *f && e->data_off + (uint64_t)e->st.st_size >
 				 (*f)->mapping->size) {
-		zfile_put(*f); /* the manifest points past the data */
+		/* the manifest points past the data: a data file replaced by
+		 * another's, or cut short */
+		zlog_file(ZMF_NAME, "%.*s%s%.*s ends at byte %llu of data "
+				    "file %llu, which holds %llu: the dataset "
+				    "is damaged (a data file replaced or cut "
+				    "short), and the file reads as EIO",
+			  (int)e->plen, e->parent, e->plen ? "/" : "",
+			  (int)e->nlen, e->name,
+			  (unsigned long long)(e->data_off +
+					       (uint64_t)e->st.st_size),
+			  (unsigned long long)e->data_id,
+			  (unsigned long long)(*f)->mapping->size);
+		zfile_put(*f);
 		*f = NULL;
 		r = -EIO;
 	}

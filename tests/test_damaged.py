@@ -5,7 +5,7 @@
 or removed while mounted, backing files replaced or truncated.  Nothing
 wrong is ever served: EIO or ESTALE with a line in the log.
 
-    test_damaged.py manifest | repacked | changed
+    test_damaged.py manifest | replaced | repacked | changed
 """
 import errno
 import os
@@ -208,6 +208,31 @@ def test_manifest():
                            timeout=30)
         check(r.returncode == 1 and "not a valid manifest: " in r.stderr,
               "one frame: %d %r" % (r.returncode, r.stderr))
+
+
+def test_replaced():
+    """A data file replaced by another dataset's, shorter (copied over it
+    by hand, before the mount): the file the manifest places past its end
+    opens as EIO, and the log says which file and why, never a silent
+    EIO."""
+    require_root_fuse()
+    with tmpdir() as d:
+        for name, size in (("a", 2 << 20), ("b", 1 << 19)):
+            os.makedirs(d + "/src_" + name)
+            with open(d + "/src_%s/f" % name, "wb") as f:
+                f.write(random.Random(size).randbytes(size))
+            pack(d + "/src_" + name, d + "/ds_" + name)
+        for data in os.listdir(d + "/ds_b/data"):
+            shutil.copyfile(d + "/ds_b/data/" + data, d + "/ds_a/data/" + data)
+        with Mount(d + "/ds_a", d + "/mnt") as m:
+            try:
+                open(d + "/mnt/f", "rb").close()
+                fail("a file past its replaced data file opened")
+            except OSError as e:
+                check(e.errno == errno.EIO, "open: %r" % e)
+            check("f ends at byte %d of data file" % (2 << 20) in m.output() and
+                  "a data file replaced or cut short" in m.output(),
+                  "the log: %r" % m.output())
 
 
 def test_repacked():
