@@ -439,7 +439,8 @@ void backing_read_complete(struct zfile *f, struct ring_read *r,
 		atomic_store(&f->dontcache, false);
 		r->res = 0;
 	}
-	*dontcache = false;
+	if (*dontcache) /* a failed run is final, and read by the fills after */
+		*dontcache = false;
 	if (r->res < 0 || (uint64_t)r->res >= r->len)
 		return;
 	got = (uint64_t)r->res;

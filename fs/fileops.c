@@ -158,6 +158,45 @@ static int reply_iov(void *arg, const struct iovec *iov, int cnt)
 	return fuse_reply_iov(req, iov, cnt);
 }
 
+/*
+ * A read from a store that the reader interrupts (Ctrl-C: the kernel sends
+ * FUSE_INTERRUPT, and waits for the reply even for a fatal signal) stops
+ * waiting for its requests, and fails: it is not held up by a stalled
+ * server's timeout and retries.  libfuse calls this under the request's
+ * lock, never after read_unwatch() has returned.
+ */
+static void read_interrupted(fuse_req_t req, void *data)
+{
+	struct worker *w = data;
+
+	if (atomic_load(&w->watched) == req)
+		atomic_store(&w->interrupted, true);
+}
+
+static void read_watch(fuse_req_t req, struct worker *w)
+{
+	atomic_store(&w->interrupted, false);
+	atomic_store(&w->watched, req);
+	fuse_req_interrupt_func(req, read_interrupted, w);
+	store_wait_abort = &w->interrupted;
+}
+
+/* Before the reply, which frees the request. */
+static void read_unwatch(fuse_req_t req, struct worker *w)
+{
+	fuse_req_interrupt_func(req, NULL, NULL);
+	atomic_store(&w->watched, NULL);
+	store_wait_abort = NULL;
+}
+
+static int reply_watched(void *arg, const struct iovec *iov, int cnt)
+{
+	fuse_req_t req = arg;
+
+	read_unwatch(req, current_worker);
+	return reply_iov(arg, iov, cnt);
+}
+
 static void read_ctl(fuse_req_t req, struct ctl_handle *h, size_t size,
 		     off_t off)
 {
@@ -279,7 +318,12 @@ static void read_data(fuse_req_t req, struct dataset *ds,
 			g, w, h->h.base + (uint64_t)off, size,
 			!read_for_reader(fi));
 	w->rq.rq.fill = w->rq.rq.fault;
-	cache_read(&w->rq.rq, reply_iov, req);
+	if (!ds->store) {
+		cache_read(&w->rq.rq, reply_iov, req);
+		return;
+	}
+	read_watch(req, w);
+	cache_read(&w->rq.rq, reply_watched, req);
 }
 
 /*

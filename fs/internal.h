@@ -339,6 +339,10 @@ struct worker {
 	struct ring ring; /* backing reads of this worker's windows */
 	struct ra_request rq;
 	struct tier_fill fill_due;
+	/* a read from a store: the request, while it is being served, and
+	 * whether the reader interrupted it (fileops.c) */
+	_Atomic(fuse_req_t) watched;
+	atomic_bool interrupted;
 };
 extern __thread struct worker *current_worker;
 struct worker *worker_create(int id, bool ring);

@@ -135,6 +135,8 @@ void remote_log(struct zfile *f, long err)
 {
 	struct store_client *c = remote_client();
 
+	if (err == -ECANCELED) /* stopped by its reader, or by the stop */
+		return;
 	if (err == -ESTALE)
 		zlog_file(f->path, "changed in the store while mounted: "
 				   "reads of it fail (EIO) until it is "

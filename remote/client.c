@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -51,9 +52,32 @@ const char *store_client_error(const struct store_client *c)
 	return c->err[0] ? c->err : "no error";
 }
 
+__thread atomic_bool *store_wait_abort;
+
+/* Wait up to ms for sem: 0, or -1 (timed out, or a signal). */
+static int sem_wait_ms(sem_t *sem, long ms)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_REALTIME, &t);
+	t.tv_nsec += (ms % 1000) * 1000000L;
+	t.tv_sec += ms / 1000 + t.tv_nsec / 1000000000L;
+	t.tv_nsec %= 1000000000L;
+	return sem_timedwait(sem, &t);
+}
+
 int store_read_wait(struct store_client *c, struct store_read *r)
 {
-	while (sem_wait(&r->done) && errno == EINTR)
+	atomic_bool *abort = store_wait_abort;
+
+	/* looking at the abort word every 50 ms until it is set */
+	while (abort && sem_wait_ms(&r->done, 50)) {
+		if (atomic_load_explicit(abort, memory_order_relaxed)) {
+			store_read_stop(r);
+			abort = NULL;
+		}
+	}
+	while (!abort && sem_wait(&r->done) && errno == EINTR)
 		;
 	sem_destroy(&r->done);
 	if (r->res < 0 && c)

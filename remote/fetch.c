@@ -634,20 +634,23 @@ void store_read_start(struct store_client *c, struct store_obj *o,
 	}
 }
 
-void store_read_cancel(struct store_read *r)
+void store_read_stop(struct store_read *r)
 {
 	struct fetcher *F;
-	int v;
 
-	if (sem_getvalue(&r->done, &v) == 0 && v > 0) {
-		store_read_wait(NULL, r);
-		return;
-	}
 	atomic_store_explicit(&r->cancel, true, memory_order_relaxed);
 	pthread_mutex_lock(&r->obj->s->fetcher_lock);
 	F = r->obj->s->fetcher;
 	if (F)
 		curl_multi_wakeup(F->c->multi);
 	pthread_mutex_unlock(&r->obj->s->fetcher_lock);
+}
+
+void store_read_cancel(struct store_read *r)
+{
+	int v;
+
+	if (!(sem_getvalue(&r->done, &v) == 0 && v > 0))
+		store_read_stop(r);
 	store_read_wait(NULL, r);
 }

@@ -123,6 +123,15 @@ void store_read_start(struct store_client *c, struct store_obj *o,
 int store_read_wait(struct store_client *c, struct store_read *r);
 /* Stop r if it is still in flight; then wait for it (-ECANCELED). */
 void store_read_cancel(struct store_read *r);
+/* Stop r if it is still in flight, without waiting. */
+void store_read_stop(struct store_read *r);
+/*
+ * The calling thread's abort word, or NULL: once it reads true, its
+ * store_read_wait stops the read it waits for (-ECANCELED).  A reader's
+ * request interrupted (Ctrl-C on a read from a stalled store) is not held
+ * up by the retries.
+ */
+extern __thread atomic_bool *store_wait_abort;
 /* Before a fork: the fetcher thread stops (it starts again when needed). */
 void store_idle(struct store *s);
 /* The mount is going: what is in flight fails now (-ECANCELED), and so does

@@ -9,6 +9,7 @@ import hashlib
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -273,15 +274,44 @@ def test_faults():
 
 
 def test_stop():
-    """SIGTERM while a reader waits on a store that stalls (a server that
-    takes its requests and answers none), at the default timeout and
-    retries: the daemon serves for its 2 s, then the read in flight fails
-    and the daemon is gone within seconds, not after the retries' minutes;
-    the reader gets an error, never a hang."""
+    """A reader waiting on a store that stalls (a server that takes its
+    requests and answers none), at the default timeout and retries.  Its
+    Ctrl-C (SIGINT: the kernel sends FUSE_INTERRUPT, and waits for the
+    reply) ends the read at once (cache=engine, where the reader's own
+    request waits).  SIGTERM to the daemon: it serves for its 2 s, then the
+    read in flight fails and the daemon is gone within seconds, not after
+    the retries' minutes; the reader gets an error, never a hang."""
     require_root_fuse()
     with tmpdir() as d:
         src, www, files = packed_dataset(d)
         with stores.Nginx(www) as web, stores.FaultProxy(web.port) as px:
+            with Mount(px.url + "ds/", d + "/mnt", "budget=4M,cache=engine") as m:
+                rel = "big/text1.log"
+                with open(os.path.join(m.mnt, rel), "rb") as f:
+                    check(f.read(4096) == files[rel][:4096], "the first page")
+                px.every_stall, px.stall_s = 1, 120
+                p = subprocess.Popen([sys.executable, "-c",
+                                      "import os, sys\n"
+                                      "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+                                      "os.pread(fd, 1 << 20, 6 << 20)\n",
+                                      os.path.join(m.mnt, rel)],
+                                     stderr=subprocess.DEVNULL)
+                time.sleep(1.5)
+                check(p.poll() is None, "the read did not wait on the stalled store")
+                t0 = time.time()
+                p.send_signal(signal.SIGINT)
+                try:
+                    p.wait(timeout=10 * SLOW)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                    fail("Ctrl-C left the reader waiting on the store")
+                print("Ctrl-C of a read on a stalled store: the reader gone in %.1f s"
+                      % (time.time() - t0))
+                px.every_stall = 0
+                with open(os.path.join(m.mnt, rel), "rb") as f:
+                    check(f.read() == files[rel], "not right after the interrupted read")
+            px.every_stall, px.stall_s = 0, 0
             m = Mount(px.url + "ds/", d + "/mnt", "budget=4M,cache=engine",
                       expect_exit=None)
             with m:
