@@ -268,40 +268,45 @@ static void test_kick(void)
 	member_fini(&b);
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZER_SLOW 2
-#else
-#define SANITIZER_SLOW 1
-#endif
+static int by_value(const void *x, const void *y)
+{
+	long a = *(const long *)x, b = *(const long *)y;
+
+	return (a > b) - (a < b);
+}
 
 /* The members' threads, woken by kicks, keep the total near the limit
  * while one charges as the cache does. */
 static void test_kick_threads(void)
 {
+	enum { ROUNDS = 1000, LOOKED = 250 };
+	static long total[ROUNDS - LOOKED];
 	struct member a, b;
-	long most = 0;
+	long middle;
 
 	pair(&a, &b, 100000, 2000);
 	fill(&a, 1500);
 	CHECK_EQ(share_start(&a.b), 0);
 	CHECK_EQ(share_start(&b.b), 0);
-	for (int i = 0; i < 1000; i++) {
-		long now;
-
+	for (int i = 0; i < ROUNDS; i++) {
 		charge(&b, 100);
-		now = held(&a) + held(&b);
-		if (i >= 250) /* after both have looked */
-			most = now > most ? now : most;
+		if (i >= LOOKED) /* after both have looked */
+			total[i - LOOKED] = held(&a) + held(&b);
 		usleep(200); /* 2 GB/s of 4 KiB pages */
 	}
 	usleep(20 * SHARE_TICK_MS * 1000);
 	CHECK(held(&a) + held(&b) <= 2000);
 	CHECK(kicks(&b) > 0);
 	CHECK(held(&a) < 1500);
-	/* 2,400-3,300 with kicks, 5,700 by the ticks alone; a sanitizer's
-	 * slower threads let it pass further (4,094 in a CI run under ASan) */
-	CHECK(most < 4000 * SANITIZER_SLOW);
-	printf("  most %ld of 2000 while the last 75,000 pages were charged\n", most);
+	/* The median, not the most: one late wake of a member's thread on a
+	 * loaded machine (a sanitizer's, a CI run's) takes the most past
+	 * 5,000. Here the median is 2,100-2,300 with kicks, in every build
+	 * and under load; 3,400-4,000 by the ticks alone. */
+	qsort(total, ROUNDS - LOOKED, sizeof(total[0]), by_value);
+	middle = total[(ROUNDS - LOOKED) / 2];
+	CHECK(middle < 3000);
+	printf("  median %ld, most %ld of 2000 while the last 75,000 pages "
+	       "were charged\n", middle, total[ROUNDS - LOOKED - 1]);
 	member_fini(&a);
 	member_fini(&b);
 }
