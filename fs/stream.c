@@ -47,6 +47,15 @@ static void zstream_forget(struct zstream *z)
 	pthread_mutex_unlock(&f->stream_lock);
 }
 
+/* An idle z, whose lock reclaim took, off the pool's list (its lock held)
+ * and forgotten, and its lock given back. */
+static void zstream_evict(struct zstream *z)
+{
+	cds_list_del_init(&z->link);
+	zstream_forget(z);
+	pthread_mutex_unlock(&z->lock);
+}
+
 /* f's streams off the pool and freed: f's last reference is going. */
 void zfile_streams_release(struct zfile *f)
 {
@@ -83,9 +92,7 @@ static bool stream_evict_one(struct stream_pool *pool, struct zstream *mine)
 		 * (stream, then pool) must not be reversed */
 		if (z->owner == mine->owner || pthread_mutex_trylock(&z->lock))
 			continue;
-		cds_list_del_init(&z->link);
-		zstream_forget(z);
-		pthread_mutex_unlock(&z->lock);
+		zstream_evict(z);
 		freed = true;
 		break;
 	}
@@ -143,11 +150,9 @@ unsigned long stream_pool_shrink(void *arg, unsigned long nr)
 			continue;
 		}
 		freed += z->pages + z->ck_pages;
-		cds_list_del_init(&z->link);
-		zstream_forget(z);
 		stat_inc(&z->owner->mapping->cache->budget.root,
 			 STAT_DECODERS_RECLAIMED);
-		pthread_mutex_unlock(&z->lock);
+		zstream_evict(z);
 	}
 	pthread_mutex_unlock(&pool->lock);
 	return freed;
