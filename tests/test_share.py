@@ -83,6 +83,25 @@ def current(m):
     return int(m.ctl("memory.current"))
 
 
+@contextlib.contextmanager
+def sampled_together(m0, m1):
+    """What m0 and m1 hold together, sampled every 2 ms into the list it
+    yields while the block runs."""
+    sums, done = [], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            sums.append(current(m0) + current(m1))
+            time.sleep(0.002)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield sums
+    finally:
+        done.set()
+        sampler.join()
+
+
 def test_limit():
     """Two mounts of budget=64M in share=NAME,share_max=16M, each read by a
     read() reader and an mmap reader over 2 x 24 MiB: every byte right;
@@ -98,19 +117,11 @@ def test_limit():
             opts = "budget=64M" + (",share=%s,share_max=16M" % name if share else "")
             with Mount(sets[0][0], d + "/m0", opts) as m0, \
                  Mount(sets[1][0], d + "/m1", opts) as m1:
-                errors, sums, done = [], [], threading.Event()
-
-                def sample():
-                    while not done.is_set():
-                        sums.append(current(m0) + current(m1))
-                        time.sleep(0.002)
-                sampler = threading.Thread(target=sample)
-                sampler.start()
-                for rnd in range(2):  # the second read finds little cached
-                    errors += read_all([("%s/m%d/%s" % (d, k, f), sets[k][1][f], f == "f1")
-                                        for k in (0, 1) for f in ("f0", "f1")])
-                done.set()
-                sampler.join()
+                errors = []
+                with sampled_together(m0, m1) as sums:
+                    for rnd in range(2):  # the second read finds little cached
+                        errors += read_all([("%s/m%d/%s" % (d, k, f), sets[k][1][f], f == "f1")
+                                            for k in (0, 1) for f in ("f0", "f1")])
                 check(not errors, "; ".join(errors))
                 if not share:
                     print("without share=: most %.1f MiB together" % (max(sums) / MIB))
@@ -157,20 +168,9 @@ def test_store():
         with stores.Nginx(d) as web:
             url = web.url + "ds0/"
             with Mount(url, d + "/m0", opts) as m0, Mount(url, d + "/m1", opts) as m1:
-                sums, done = [], threading.Event()
-
-                def sample():
-                    while not done.is_set():
-                        sums.append(current(m0) + current(m1))
-                        time.sleep(0.002)
-                sampler = threading.Thread(target=sample)
-                sampler.start()
-                try:
+                with sampled_together(m0, m1) as sums:
                     errors = read_all([("%s/m%d/f%d" % (d, k, k), sets[0][1]["f%d" % k], False)
                                        for k in (0, 1)])
-                finally:
-                    done.set()
-                    sampler.join()
                 check(not errors, "; ".join(errors))
                 mean = sum(sums) / len(sums)
                 print("from a store: mean %.1f MiB, most %.1f MiB together of 16, "
