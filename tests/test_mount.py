@@ -401,13 +401,13 @@ def test_budget():
             stop, errors = threading.Event(), []
             readers = [storm_thread(mnt, files, stop, errors, i) for i in range(3)]
             try:
-                wait_for(lambda: int(m.ctl("memory.current")) > 8 << 20, 1.5,
+                wait_for(lambda: int(m.ctl("memory.current")) > 8 << 20, 10,
                          "cache did not fill", step=0.01)
                 # lower the limit while the readers run: usage follows at once
                 t = time.time()
                 m.set("memory.max", "4M")
-                wait_for(lambda: int(m.ctl("memory.current")) <= 4 << 20, 1.0,
-                         "memory.current still over 4M after 1 s", step=0.01)
+                wait_for(lambda: int(m.ctl("memory.current")) <= 4 << 20, 5,
+                         "memory.current still over 4M after 5 s", step=0.01)
                 print("memory.max 16M -> 4M took %.3f s" % (time.time() - t))
                 for _ in range(50):  # and it stays under, sampled
                     cur, mx = int(m.ctl("memory.current")), int(m.ctl("memory.max"))
@@ -417,17 +417,17 @@ def test_budget():
                 check(m.ctl("memory.max").strip() == "max", "memory.max reads max")
                 m.set("memory.max", "16M")
                 # memory.high: charges pass it, the reclaimer brings usage back
-                wait_for(lambda: int(m.ctl("memory.current")) > 10 << 20, 3,
+                wait_for(lambda: int(m.ctl("memory.current")) > 10 << 20, 10,
                          "cache did not fill again", step=0.01)
                 m.set("memory.high", "6M")
-                wait_for(lambda: int(m.ctl("memory.current")) <= (6 << 20) + (2 << 20), 2.0,
+                wait_for(lambda: int(m.ctl("memory.current")) <= (6 << 20) + (2 << 20), 10,
                          "usage still far above memory.high", step=0.01)
 
                 def events_high():
                     return int(dict(l.split() for l in
                                     m.ctl("memory.events").splitlines())["high"])
-                wait_for(lambda: events_high() > 0, 1, "no high events", step=0.01)
-                wait_for(lambda: m.stat()["high_reclaim_passes"] > 0, 1,
+                wait_for(lambda: events_high() > 0, 5, "no high events", step=0.01)
+                wait_for(lambda: m.stat()["high_reclaim_passes"] > 0, 5,
                          "background reclaim did not run", step=0.01)
                 m.set("memory.high", "max")
             finally:
