@@ -449,7 +449,7 @@ def test_stop():
             time.sleep(1)
             kill_at[0] = time.time()
             m.proc.send_signal(signal.SIGTERM)
-            check(m.proc.wait(10) == 0, "exit status after SIGTERM")
+            check(m.proc.wait(2 + 3 * SLOW + 5) == 0, "exit status after SIGTERM")
             exited = time.time()
             for t in ts:
                 t.join(10)
@@ -461,7 +461,7 @@ def test_stop():
                           "%.3f s after)" % (res, kill_at[0] - t0, t1 - kill_at[0],
                                              exited - kill_at[0]))
                 elif t0 > exited:  # after the daemon left: at once
-                    check(res in (errno.ENOTCONN, errno.ECONNABORTED) and t1 - t0 < 1,
+                    check(res in (errno.ENOTCONN, errno.ECONNABORTED) and t1 - t0 < SLOW,
                           "a read after the stop: %s in %.2f s" % (res, t1 - t0))
                 else:
                     check(res is True or res in (errno.ENOTCONN, errno.ECONNABORTED),

@@ -344,7 +344,8 @@ def test_stop():
                 print("SIGTERM with a read on a stalled store: daemon gone in %.1f s, "
                       "the reader got %r" % (took, got[0] if got else None))
                 check(got and isinstance(got[0], OSError), "the read: %r" % got[:1])
-                check(took < 8, "the daemon took %.1f s to stop" % took)
+                # 2.0-2.1 s (the drain); the retries' time, 34-132 s, before
+                check(took < 6 + 2 * SLOW, "the daemon took %.1f s to stop" % took)
                 try:
                     os.close(fd)
                 except OSError:
