@@ -115,7 +115,7 @@ def test_modes():
                 # the mount serves over /dev/fuse while its rings register:
                 # the refusal is said once they are given up (later under
                 # a sanitizer than this walk)
-                deadline = time.time() + 30
+                deadline = time.time() + 30 * SLOW
                 while "serving over /dev/fuse" not in m.output():
                     check(time.time() < deadline, "fallback not said: %r" % m.output())
                     time.sleep(0.05)

@@ -713,7 +713,7 @@ def test_push():
                 stopped_mid_scan += tar.poll() is None
                 m.proc.send_signal(signal.SIGTERM)
                 try:
-                    code = m.proc.wait(20)
+                    code = m.proc.wait(20 * SLOW)
                 except subprocess.TimeoutExpired:
                     code = None
                 tar.wait(60)

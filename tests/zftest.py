@@ -200,7 +200,7 @@ class Mount:
             subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
         killed = False
         try:
-            self.proc.wait(timeout=30 + self.timeout)
+            self.proc.wait(timeout=30 * SLOW + self.timeout)
         except subprocess.TimeoutExpired:
             killed = True
             self.proc.kill()
