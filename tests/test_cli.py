@@ -229,6 +229,9 @@ def test_writes():
                 check(int(f.read()) == 5 << 20, "ZF_IOC_CTL_WRITE on the control directory")
             one_line_error(ctl("set", mnt, "max", "banana"), "a bad value on an ro mount",
                            "Invalid argument")
+            # a negative size is a bad value too, not options -5 -M
+            one_line_error(ctl("set", mnt, "max", "-5M"), "a negative size",
+                           "Invalid argument")
             # a child group, by --group (root's reads made uid_0)
             r = ctl("set", mnt, "max", "1M", "--group", "uid_0")
             check(r.returncode == 0 and not r.stderr, "set --group on an ro mount: " + r.stderr)

@@ -12,6 +12,7 @@
  * This file holds main(), the options, the usage and the command table;
  * the mount commands are in control.c, inspect in inspect.c.
  */
+#include <ctype.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,11 +108,27 @@ static const struct option longopts[] = {
 	{NULL, 0, NULL, 0},
 };
 
+/*
+ * A word that starts with '-' and a digit is a value (a size, a group's
+ * number), to be refused as one, not taken for options: getopt would read
+ * "-5M" as -5 -M.  Its '-' is hidden from getopt while it parses, and
+ * given back after.
+ */
+#define HIDDEN_DASH '\001'
+
+static void hide_negative(int argc, char **argv, char from, char to)
+{
+	for (int i = 1; i < argc; i++)
+		if (argv[i][0] == from && isdigit((unsigned char)argv[i][1]))
+			argv[i][0] = to;
+}
+
 /* Exits for --help, --version and bad options. */
 static void parse_options(int argc, char **argv)
 {
 	int c;
 
+	hide_negative(argc, argv, '-', HIDDEN_DASH);
 	while ((c = getopt_long(argc, argv, "hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'J':
@@ -143,6 +160,7 @@ static void parse_options(int argc, char **argv)
 			exit(2);
 		}
 	}
+	hide_negative(argc, argv, HIDDEN_DASH, '-');
 }
 
 /* The command named, taking nargs words; else say why, and exit 2. */
