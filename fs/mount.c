@@ -338,6 +338,7 @@ static void add_fsname(struct fuse_args *args, const char *dataset)
 		fsname[k++] = *c;
 	}
 	fsname[k] = '\0';
+	url_hide_passwords(fsname); /* /proc/mounts is for every user */
 	fuse_opt_add_arg(args, fsname);
 }
 
@@ -622,6 +623,9 @@ int main(int argc, char **argv)
 	case EXIT_FAIL:
 		goto out;
 	}
+	/* what ps shows of the command line: the options have their copies */
+	for (int i = 1; i < argc; i++)
+		url_hide_passwords(argv[i]);
 	if (check_args(&d))
 		goto out;
 	zlog_init(d.opt.foreground ? ZLOG_STDERR : ZLOG_SYSLOG);
@@ -644,7 +648,9 @@ int main(int argc, char **argv)
 			"%s: %s has a %s of its own at its root, which the "
 			"control directory hides (-o ctl=NAME names the "
 			"control directory otherwise)\n",
-			progname, d.opt.dataset, d.opt.ctl);
+			progname,
+			d.ds.store ? store_name(d.ds.store) : d.opt.dataset,
+			d.opt.ctl);
 	if (!mount_session(&d) && !serve(&d))
 		ret = 0;
 out:

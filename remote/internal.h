@@ -11,6 +11,7 @@
 struct store {
 	char *name;    /* as the user gave it */
 	char *base;    /* objects' base URL, ending in '/' */
+	char *shown, *shown_base; /* name and base, a password hidden */
 	bool s3;       /* sign requests, speak S3 for uploads */
 	char *sigv4;   /* CURLOPT_AWS_SIGV4, or NULL: anonymous */
 	char *userpwd; /* access key:secret, or NULL */

@@ -57,13 +57,18 @@ struct store_options {
 
 /* Whether spec names a store (s3://, http://, https://) and not a path. */
 bool store_is_url(const char *spec);
+/* The password of every URL's user part in text (http://user:pw@host/)
+ * overwritten by '*', in place: for what others can see (/proc/mounts,
+ * ps, logs, messages). */
+void url_hide_passwords(char *text);
 /* Parse spec and find credentials; nothing is sent yet. */
 int store_open(const char *spec, const struct store_options *o,
 	       struct store **out, char *err, size_t errlen);
 void store_close(struct store *s);
-/* The dataset's address as the user gave it: for logs and /proc/mounts. */
+/* The dataset's address as the user gave it, a password in it hidden: for
+ * logs and messages. */
 const char *store_name(const struct store *s);
-/* Objects' base URL (no secrets in it) */
+/* Objects' base URL, a password in it hidden: for logs and messages. */
 const char *store_base_url(const struct store *s);
 
 struct store_counts {

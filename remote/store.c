@@ -35,6 +35,30 @@ bool store_is_url(const char *spec)
 	       !strncmp(spec, "https://", 8);
 }
 
+void url_hide_passwords(char *text)
+{
+	for (char *p = strstr(text, "://"); p; p = strstr(p, "://")) {
+		char *user = p + 3, *end = user + strcspn(user, "/?#@ \t\n"),
+		     *colon;
+
+		p = end;
+		if (*end != '@')
+			continue;
+		colon = memchr(user, ':', (size_t)(end - user));
+		if (colon)
+			memset(colon + 1, '*', (size_t)(end - colon - 1));
+	}
+}
+
+/* Where url's host starts, past a user part (user:password@). */
+static const char *url_host(const char *url)
+{
+	const char *host = strstr(url, "://") + 3,
+		   *at = host + strcspn(host, "/?#@");
+
+	return *at == '@' ? at + 1 : host;
+}
+
 static const char *env(const char *name)
 {
 	const char *v = getenv(name);
@@ -365,18 +389,24 @@ int store_open(const char *spec, const struct store_options *o,
 	s->s3 = !strncmp(spec, "s3://", 5);
 	if (s->s3) {
 		r = s3_auth(s, o, err, errlen);
-	} else if (!strstr(spec, "://")[3] || strstr(spec, "://")[3] == '/') {
+	} else if (!url_host(spec)[0] || url_host(spec)[0] == '/') {
 		snprintf(err, errlen, "%s: no host", spec);
 		r = -EINVAL;
 	} else {
 		r = http_base(s);
 	}
+	if (!r && (!(s->shown = strdup(s->name)) ||
+		   !(s->shown_base = strdup(s->base))))
+		r = -ENOMEM;
 	if (r) {
 		if (r == -ENOMEM)
 			snprintf(err, errlen, "out of memory");
+		url_hide_passwords(err);
 		store_close(s);
 		return r;
 	}
+	url_hide_passwords(s->shown);
+	url_hide_passwords(s->shown_base);
 	*out = s;
 	return 0;
 }
@@ -394,17 +424,19 @@ void store_close(struct store *s)
 	free(s->ca_file);
 	free(s->base);
 	free(s->name);
+	free(s->shown);
+	free(s->shown_base);
 	free(s);
 }
 
 const char *store_name(const struct store *s)
 {
-	return s->name;
+	return s->shown;
 }
 
 const char *store_base_url(const struct store *s)
 {
-	return s->base;
+	return s->shown_base;
 }
 
 void store_counts(const struct store *s, struct store_counts *out)
@@ -480,6 +512,7 @@ void store_set_error(struct store_client *c, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
+	url_hide_passwords(c->err); /* a request's URL in it */
 }
 
 void store_error_code(const char *body, size_t len, char *out, size_t outlen)

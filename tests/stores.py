@@ -71,10 +71,11 @@ class Nginx:
     reverse proxy in front of another server, for its access log: what
     requests() and bytes_sent() count."""
 
-    def __init__(self, root=None, upstream=None, tls=False):
+    def __init__(self, root=None, upstream=None, tls=False, auth=None):
         self.root = os.path.abspath(root) if root else None
         self.upstream = upstream
         self.tls = tls  # https with HTTP/2, a certificate of a CA of its own
+        self.auth = auth  # (user, password): HTTP basic auth asked of all
         self.dir = None
         self.proc = None
 
@@ -167,12 +168,18 @@ http {
             proxy_buffering off;
             proxy_request_buffering off;
         }""" % (self.dir, self.upstream)
+        auth = ""
+        if self.auth:
+            with open(self.dir + "/htpasswd", "w") as f:
+                f.write("%s:{PLAIN}%s\n" % self.auth)
+            auth = 'auth_basic "zfolio test"; auth_basic_user_file %s/htpasswd;' % self.dir
         return """root %s;
         location / {
             autoindex on;
             dav_methods PUT DELETE;
             create_full_put_path on;
-        }""" % self.root
+            %s
+        }""" % (self.root, auth)
 
     def _log(self):
         try:

@@ -492,6 +492,52 @@ def test_errors():
                 check(time.time() - t0 < 20, "%s: took too long" % url)
 
 
+def test_password():
+    """A password in the URL (http://user:password@host/) is sent, and
+    shown nowhere others can see: /proc/mounts, the daemon's command line
+    (ps), the control directory's store, the log, the messages of a mount
+    or an upload refused for a wrong one."""
+    require_root_fuse()
+    secret = "pw-%d-never-shown" % os.getpid()
+    with tmpdir() as d:
+        src, www, files = packed_dataset(d)
+        with stores.Nginx(www, auth=("zf", secret)) as web:
+            host = web.url[len("http://"):]
+            url = "http://zf:%s@%sds/" % (secret, host)
+            with Mount(url, d + "/mnt", "budget=4M") as m:
+                read_all(m.mnt, files)
+                with open("/proc/%d/cmdline" % m.pid, "rb") as f:
+                    cmdline = f.read().decode(errors="replace")
+                shown = {"/proc/self/mountinfo": open("/proc/self/mountinfo").read(),
+                         "the command line": cmdline,
+                         "the store file": m.ctl("store")}
+                check("zf:" in shown["/proc/self/mountinfo"] and
+                      "@" + host in shown["the store file"],
+                      "the user and host are shown: %r" % shown)
+            shown["the log"] = m.output()
+            # a wrong password: the mount and an upload are refused, with
+            # a message that shows neither
+            wrong = "wrong-%d-never-shown" % os.getpid()
+            bad = "http://zf:%s@%sds/" % (wrong, host)
+            os.makedirs(d + "/mnt", exist_ok=True)
+            r = subprocess.run([ZFOLIO, bad, d + "/mnt", "-f", "-o", "retries=0"],
+                               capture_output=True, text=True, timeout=60)
+            check(r.returncode != 0 and "401" in r.stderr, "a wrong password: %r" % r.stderr)
+            check(not is_mounted(d + "/mnt"), "mounted with a wrong password")
+            shown["a refused mount"] = r.stderr
+            r = subprocess.run([MKZFOLIO, src, "http://zf:%s@%sup/" % (wrong, host)],
+                               capture_output=True, text=True, timeout=120)
+            check(r.returncode != 0 and "401" in r.stderr, "an upload: %r" % r.stderr)
+            shown["a refused upload"] = r.stderr
+            r = subprocess.run([MKZFOLIO, src, "http://zf:%s@%sup/" % (secret, host)],
+                               capture_output=True, text=True, timeout=120)
+            check(r.returncode == 0, "an upload with the password: %r" % r.stderr)
+            shown["an upload"] = r.stderr
+        for where, text in shown.items():
+            check(secret not in text and wrong not in text,
+                  "the password in %s: %r" % (where, text[-600:]))
+
+
 def test_s3():
     """A single-node Ceph RADOS Gateway: mkzfolio writes the dataset to
     s3://BUCKET/PREFIX (a big file as a multipart upload), zfolio mounts it

@@ -531,9 +531,49 @@ static void test_threads(void)
 	store_close(s);
 }
 
+/* Passwords hidden in place, every URL's of a text; nothing else touched,
+ * and a store names itself without its own. */
+static void test_passwords(void)
+{
+	static const char *const cases[][2] = {
+		{"http://u:secret@h:80/ds/", "http://u:******@h:80/ds/"},
+		{"https://u@h/ds/", "https://u@h/ds/"},
+		{"http://u:@h/", "http://u:@h/"},
+		{"http://h/a:b@c/", "http://h/a:b@c/"},
+		{"http://h:8080/x?u:p@q", "http://h:8080/x?u:p@q"},
+		{"s3://bucket/prefix", "s3://bucket/prefix"},
+		{"GET http://a:bb@h/x: HTTP 401 (from https://c:d:e@g/)",
+		 "GET http://a:**@h/x: HTTP 401 (from https://c:***@g/)"},
+		{"a path:with@signs", "a path:with@signs"},
+		{"", ""},
+	};
+	struct store_options o = {0};
+	struct store *st;
+	char err[256];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char text[128];
+
+		snprintf(text, sizeof(text), "%s", cases[i][0]);
+		url_hide_passwords(text);
+		CHECK(!strcmp(text, cases[i][1]));
+		if (strcmp(text, cases[i][1]))
+			fprintf(stderr, "  %s -> %s\n", cases[i][0], text);
+	}
+	CHECK_EQ(store_open("http://u:secret@h/ds", &o, &st, err, sizeof(err)),
+		 0);
+	CHECK(!strcmp(store_name(st), "http://u:******@h/ds"));
+	CHECK(!strcmp(store_base_url(st), "http://u:******@h/ds/"));
+	store_close(st);
+	CHECK(store_open("http://u:secret@/ds", &o, &st, err, sizeof(err)) <
+	      0);
+	CHECK(!strstr(err, "secret"));
+}
+
 int main(void)
 {
 	server_start();
+	RUN(test_passwords);
 	RUN(test_open_and_ranges);
 	RUN(test_stream);
 	RUN(test_faults);

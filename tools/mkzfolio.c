@@ -309,14 +309,15 @@ static void tmp_remove(void)
  * into a temporary directory (removed at exit, also when a step fails),
  * uploaded at the end.
  */
-static void store_prepare(struct cli *cli, const struct packer *pk)
+static void store_prepare(struct cli *cli, const struct packer *pk,
+			  const char *url)
 {
 	const char *tmp = getenv("TMPDIR");
 
 	if (pk->layout != LAYOUT_PACKED)
 		die("a store takes the packed layout only");
 	cli->store.retries = STORE_RETRIES;
-	upload_check(cli->dst, &cli->store, cli->force);
+	upload_check(url, &cli->store, cli->force);
 	if (asprintf(&tmp_dir, "%s/mkzfolio-XXXXXX",
 		     tmp && *tmp ? tmp : "/var/tmp") < 0 ||
 	    !mkdtemp(tmp_dir))
@@ -394,7 +395,7 @@ int main(int argc, char **argv)
 	char rsrc[PATH_MAX], rdst[PATH_MAX];
 	struct place src, dst;
 	struct stat sst;
-	const char *url;
+	char *url = NULL;
 
 	pk.threads = default_threads();
 	parse_options(argc, argv, &pk, &cli);
@@ -405,9 +406,14 @@ int main(int argc, char **argv)
 		    "in one frame", (unsigned long long)pk.small);
 	/* a small file is whole in one frame of its pack */
 	pk.pack_frame = pk.small > pk.frame ? (size_t)pk.small : pk.frame;
-	url = store_is_url(cli.dst) ? cli.dst : NULL;
-	if (url)
-		store_prepare(&cli, &pk);
+	if (store_is_url(cli.dst)) {
+		if (!(url = strdup(cli.dst)))
+			die("out of memory");
+		/* what ps shows of the command line; messages name the
+		 * store with its password hidden too */
+		url_hide_passwords((char *)cli.dst);
+		store_prepare(&cli, &pk, url);
+	}
 	check_paths(&cli, &sst, rsrc, rdst);
 	/* messages name paths as given; the tree layout's last step too */
 	src = (struct place){open_dir(rsrc), cli.src};
@@ -435,5 +441,6 @@ int main(int argc, char **argv)
 		     files_unreadable(), files_unreadable() == 1 ? "y" : "ies");
 	if (url)
 		upload_dataset(tmp_dir, url, &cli.store, cli.quiet);
+	free(url);
 	return files_changed() || files_unreadable() ? 1 : 0;
 }

@@ -46,10 +46,10 @@ void upload_check(const char *url, const struct store_options *o, bool force)
 	upload_open(&u, url, o);
 	r = store_exists(u.c, ZMF_NAME);
 	if (r < 0)
-		die("%s: %s", url, store_client_error(u.c));
+		die("%s: %s", store_name(u.s), store_client_error(u.c));
 	if (r && !force)
 		die("%s already holds a dataset (use --force to write over it)",
-		    url);
+		    store_name(u.s));
 	store_client_free(u.c);
 	store_close(u.s);
 }
@@ -116,7 +116,8 @@ void upload_dataset(const char *dir, const char *url,
 		fprintf(stderr,
 			"%s%s: uploaded %lu objects, %.1f MiB, to %s in %llu "
 			"requests\n",
-			isatty(2) ? "\r" : "", progname, u.objects, (double)u.bytes / 1048576.0, url,
+			isatty(2) ? "\r" : "", progname, u.objects, (double)u.bytes / 1048576.0,
+			store_name(u.s),
 			(unsigned long long)cnt.requests);
 	store_client_free(u.c);
 	store_close(u.s);
