@@ -388,5 +388,13 @@ int store_exists(struct store_client *c, const char *name)
 	int r = op_once(c, (struct op){.method = "HEAD", .fd = -1, .buf = ""},
 			name);
 
+	/* a HEAD's answer has no body, to tell a bucket that is not there
+	 * from an object that is not: a GET's has (S3's error code) */
+	if (r == -ENOENT && c->s->s3) {
+		r = op_once(c, (struct op){.method = "GET", .fd = -1, .buf = ""},
+			    name);
+		if (r == -ENOENT && strstr(c->err, "NoSuchBucket"))
+			return -ENXIO;
+	}
 	return r == 0 ? 1 : r == -ENOENT ? 0 : r;
 }

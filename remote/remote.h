@@ -155,7 +155,8 @@ ssize_t store_pread(struct store_client *c, struct store_obj *o, void *buf,
 #define STORE_PART_SIZE (16ull << 20)
 int store_put_file(struct store_client *c, const char *name, int fd,
 		   uint64_t size);
-/* Whether object name exists (a HEAD): 1, 0, or -errno. */
+/* Whether object name exists (a HEAD): 1, 0, or -errno (-ENXIO: its S3
+ * bucket is not there, the error saying so). */
 int store_exists(struct store_client *c, const char *name);
 
 #endif

@@ -559,6 +559,14 @@ def test_s3():
                    AWS_REGION=rgw.env["AWS_REGION"],
                    AWS_ENDPOINT_URL=rgw.endpoint, HOME=d)
         url = "s3://zfbucket/datasets/one"
+        # a bucket that is not there: said before anything is packed
+        t0 = time.time()
+        r = subprocess.run([MKZFOLIO, src, "s3://zfnobucket/x"], env=env,
+                           capture_output=True, text=True, timeout=600)
+        check(r.returncode != 0 and "NoSuchBucket" in r.stderr and
+              "MiB in" not in r.stderr, "to a bucket that is not there: %r" % r.stderr)
+        print("to a bucket that is not there, in %.1f s: %s" % (time.time() - t0,
+                                                               r.stderr.strip()))
         r = subprocess.run(["curl", "-sf", "-X", "PUT", "--aws-sigv4",
                             "aws:amz:%s:s3" % rgw.env["AWS_REGION"], "--user",
                             "%s:%s" % (rgw.env["AWS_ACCESS_KEY_ID"],

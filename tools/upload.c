@@ -45,6 +45,9 @@ void upload_check(const char *url, const struct store_options *o, bool force)
 
 	upload_open(&u, url, o);
 	r = store_exists(u.c, ZMF_NAME);
+	if (r == -ENXIO)
+		die("%s: its bucket is not there: make it first (%s)",
+		    store_name(u.s), store_client_error(u.c));
 	if (r < 0)
 		die("%s: %s", store_name(u.s), store_client_error(u.c));
 	if (r && !force)
