@@ -4,7 +4,7 @@
 what zfolioctl makes of the path, the mount and the file it is given.
 
     test_cli.py version | not_mount | ctl_name | groups | writes | stat | inspect |
-                frames | index | growing | changing | xattrs | sparse
+                frames | index | growing | changing | xattrs | sparse | summary
 """
 import errno
 import fcntl
@@ -761,6 +761,28 @@ def test_sparse():
             for name in ("f", "lead"):
                 with open(d + "/mnt/" + name, "rb") as f, open(d + "/dense/" + name, "rb") as g:
                     check(f.read() == g.read(), "mounted %s differs" % name)
+
+
+def test_summary():
+    """mkzfolio's summary counts names, in both layouts alike: a later name
+    of a file, a symlink or a FIFO counts as one of its kind and as a hard
+    link to an earlier one."""
+    with tmpdir() as d:
+        src = d + "/src"
+        os.makedirs(src + "/sub")
+        with open(src + "/f", "wb") as f:
+            f.write(b"x" * 5000)
+        os.link(src + "/f", src + "/sub/g")
+        os.symlink("f", src + "/l")
+        os.link(src + "/l", src + "/sub/l2", follow_symlinks=False)
+        os.mkfifo(src + "/p")
+        os.link(src + "/p", src + "/sub/p2")
+        want = "2 files (0 stored once for several), 1 dirs, 2 links, 2 other " \
+            "(3 of these names hard links to an earlier one)"
+        for layout in ("packed", "tree"):
+            r = run([MKZFOLIO, "--layout", layout, src, "%s/%s" % (d, layout)])
+            check(r.returncode == 0 and want in r.stderr,
+                  "%s: %r" % (layout, r.stderr))
 
 
 if __name__ == "__main__":

@@ -381,10 +381,11 @@ static void print_summary(struct packer *pk, bool quiet)
 			      : 0.0;
 	fprintf(stderr,
 		"%s: %lu files (%lu stored once for several), %lu dirs, "
-		"%lu links, %lu hard links, %lu other, %.1f MiB in, %.1f MiB "
-		"out (ratio %.2f), %.2f s\n",
+		"%lu links, %lu other (%lu of these names hard links to an "
+		"earlier one), %.1f MiB in, %.1f MiB out (ratio %.2f), "
+		"%.2f s\n",
 		progname, pk->files, pk->deduped, pk->dirs, pk->links,
-		pk->hardlinks, pk->others, (double)pk->total_in / 1048576.0,
+		pk->others, pk->hardlinks, (double)pk->total_in / 1048576.0,
 		(double)pk->bytes_out / 1048576.0, ratio, t);
 }
 

@@ -97,6 +97,7 @@ static void link_earlier(struct packer *pk, const struct place *dst,
 	if (linkat(AT_FDCWD, zpath, dst->fd, zname, 0))
 		die("%s.zst: %s", e->dpath, strerror(errno));
 	free(zname);
+	pk->files++; /* names are counted, as in the packed layout */
 	pk->hardlinks++;
 	pk->done_files++;
 }
