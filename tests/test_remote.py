@@ -101,19 +101,20 @@ def reader(mnt, files, names, how, seed, errors):
         errors.append("%s: %s" % (how, e))
 
 
-def read_all(mnt, files, nreaders=4, hows=("read", "mmap", "random", "read")):
-    """nreaders at once over every file (read(), mmap, random preads)."""
+def read_all(m, files, nreaders=4, hows=("read", "mmap", "random", "read")):
+    """nreaders at once over every file of mount m (read(), mmap, random
+    preads); readers still reading after 150 s are a hang, reported
+    with where the daemon's threads wait."""
     errors = []
     names = sorted(files)
     ts = [threading.Thread(target=reader,
-                           args=(mnt, files, names[i::nreaders] +
+                           args=(m.mnt, files, names[i::nreaders] +
                                  [n for n in names if n.startswith("big/")],
-                                 hows[i % len(hows)], i, errors))
+                                 hows[i % len(hows)], i, errors), daemon=True)
           for i in range(nreaders)]
     for t in ts:
         t.start()
-    for t in ts:
-        t.join()
+    join_all(ts, 150, m.pid, "readers")
     check(not errors, "; ".join(errors[:4]))
 
 
@@ -147,7 +148,7 @@ def test_http():
         with stores.Nginx(www) as web:
             for opts in ("budget=4M", "budget=4M,cache=engine,ra_kb=1024"):
                 with Mount(web.url + "ds/", d + "/mnt", opts) as m:
-                    read_all(m.mnt, files)
+                    read_all(m, files)
                     check(tree_digest(m.mnt) == tree_digest(src),
                           "%s: tar digest differs" % opts)
                     st, n = m.stat(), store_counts(m)
@@ -209,7 +210,7 @@ def test_https():
         with stores.Nginx(www, tls=True) as web:
             with Mount(web.url + "ds/", d + "/mnt",
                        "budget=4M,ca=" + web.ca) as m:
-                read_all(m.mnt, files)
+                read_all(m, files)
                 check(tree_digest(m.mnt) == tree_digest(src), "tar digest")
                 n = store_counts(m)
                 check(n["failures"] == 0, "%r" % n)
@@ -245,7 +246,7 @@ def test_faults():
             # a CI run (9 faults in a row, about 4% of runs); 16 do not
             with Mount(px.url + "ds/", d + "/mnt",
                        "budget=4M,cache=engine,timeout=1,retries=16") as m:
-                read_all(m.mnt, files)
+                read_all(m, files)
                 n = store_counts(m)
                 check(n["retries"] > 0 and n["failures"] == 0,
                       "counts %r, faults %r" % (n, px.faults))
@@ -505,7 +506,7 @@ def test_password():
             host = web.url[len("http://"):]
             url = "http://zf:%s@%sds/" % (secret, host)
             with Mount(url, d + "/mnt", "budget=4M") as m:
-                read_all(m.mnt, files)
+                read_all(m, files)
                 with open("/proc/%d/cmdline" % m.pid, "rb") as f:
                     cmdline = f.read().decode(errors="replace")
                 shown = {"/proc/self/mountinfo": open("/proc/self/mountinfo").read(),
@@ -587,7 +588,7 @@ def test_s3():
         check(r.returncode != 0 and "--force" in r.stderr,
               "a second mkzfolio: %r" % r.stderr)
         with Mount(url, d + "/mnt", "budget=8M", env=env) as m:
-            read_all(m.mnt, files)
+            read_all(m, files)
             check(tree_digest(m.mnt) == tree_digest(src), "tar digest")
             n = store_counts(m)
             check(n["failures"] == 0 and n["requests"] > 0, "%r" % n)

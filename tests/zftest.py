@@ -276,6 +276,33 @@ def threads_report(pid):
                      for tid, st in states.items())
 
 
+def hang_report(pid):
+    """threads_report, and each thread's stack where gdb is installed."""
+    text = threads_report(pid)
+    if shutil.which("gdb"):
+        try:
+            r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex",
+                                "thread apply all bt 20"], capture_output=True,
+                               text=True, timeout=120)
+            text += "\n" + "\n".join(l for l in r.stdout.splitlines()
+                                      if l.startswith(("#", "Thread")))
+        except subprocess.TimeoutExpired:
+            text += "\n(gdb took too long)"
+    return text
+
+
+def join_all(threads, seconds, pid, what):
+    """Join threads within seconds (SLOW times that under a sanitizer);
+    one still running is a hang: fail with where the daemon pid waits."""
+    deadline = time.time() + seconds * SLOW
+    for t in threads:
+        t.join(max(0.0, deadline - time.time()))
+    alive = sum(t.is_alive() for t in threads)
+    if alive:
+        fail("%s: %d of %d still running after %d s; the daemon's threads:\n%s" %
+             (what, alive, len(threads), seconds * SLOW, hang_report(pid)))
+
+
 def uring_enabled():
     try:
         with open(ENABLE_URING) as f:
