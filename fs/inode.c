@@ -74,6 +74,10 @@ static bool nlookup_get(struct znode *n)
  * unchanged.  Its folios meanwhile age in the cache as any others do.
  * (With cache=kernel, an inode whose pages the kernel holds is kept by
  * the kernel, and folios handed over whole have left zfolio's cache.)
+ * A file with a frame that failed is kept in either mode, and goes after
+ * every other: what it knows keeps the frame's range refused (a big
+ * frame's pieces before its checksum were served unchecked, and a new
+ * file would serve them again).
  */
 #define IDLE_FILES_MAX 256
 
@@ -83,14 +87,31 @@ struct idle_file {
 	struct zfile *file;
 };
 
+/* The kept file to let go first, taken off the list (its lock held): the
+ * oldest of those without a failed frame, else the oldest. */
+static struct idle_file *idle_victim(struct dataset *ds)
+{
+	struct idle_file *e;
+
+	cds_list_for_each_entry(e, &ds->idle_files, link)
+		if (!zfile_has_failed(e->file))
+			goto found;
+	e = cds_list_first_entry(&ds->idle_files, struct idle_file, link);
+found:
+	cds_list_del(&e->link);
+	ds->nidle--;
+	return e;
+}
+
 /* Keep n's file f (its reference) for n's backing inode, or let it go. */
 static void idle_keep(struct dataset *ds, const struct znode *n,
 		      struct zfile *f)
 {
 	struct idle_file *e = NULL, *old = NULL;
 
-	if (ds->opt->cache == CACHE_ENGINE &&
-	    atomic_load(&f->mapping->nr_cached) > 0)
+	if ((ds->opt->cache == CACHE_ENGINE &&
+	     atomic_load(&f->mapping->nr_cached) > 0) ||
+	    zfile_has_failed(f))
 		e = malloc(sizeof(*e));
 	if (!e) {
 		zfile_put(f);
@@ -101,12 +122,8 @@ static void idle_keep(struct dataset *ds, const struct znode *n,
 	stat_inc(&ds->cache.budget.root, STAT_FILES_KEPT);
 	pthread_mutex_lock(&ds->file_lru_lock);
 	cds_list_add_tail(&e->link, &ds->idle_files);
-	if (++ds->nidle > IDLE_FILES_MAX) {
-		old = cds_list_first_entry(&ds->idle_files, struct idle_file,
-					   link);
-		cds_list_del(&old->link);
-		ds->nidle--;
-	}
+	if (++ds->nidle > IDLE_FILES_MAX)
+		old = idle_victim(ds);
 	pthread_mutex_unlock(&ds->file_lru_lock);
 	if (old) {
 		zfile_put(old->file);
@@ -164,12 +181,8 @@ static void idle_drop(struct dataset *ds, long target)
 
 		pthread_mutex_lock(&ds->file_lru_lock);
 		if (!cds_list_empty(&ds->idle_files) &&
-		    (target < 0 || atomic_load(&ds->meta_bytes) > target)) {
-			e = cds_list_first_entry(&ds->idle_files,
-						 struct idle_file, link);
-			cds_list_del(&e->link);
-			ds->nidle--;
-		}
+		    (target < 0 || atomic_load(&ds->meta_bytes) > target))
+			e = idle_victim(ds);
 		pthread_mutex_unlock(&ds->file_lru_lock);
 		if (!e)
 			return;

@@ -610,6 +610,8 @@ int zfile_said_if_corrupt(struct zfile *f, unsigned long slot, int r);
 bool zfile_range_refused(struct zfile *f, uint64_t pos, uint64_t len);
 /* ... and before such a read is answered: the kernel tier dropped */
 void zfile_refused(struct zfile *f);
+/* Whether any read of f is refused so (a frame failed, or its table) */
+bool zfile_has_failed(struct zfile *f);
 
 /* holes.c: frames of zeros, as holes */
 void zfile_count_zeros(struct zfile *f);

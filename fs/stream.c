@@ -485,6 +485,11 @@ void zfile_refused(struct zfile *f)
 	ktier_drain(f->mapping->cache, FAILED_DRAIN_US);
 }
 
+bool zfile_has_failed(struct zfile *f)
+{
+	return atomic_load(&f->table_lies) || atomic_load(&f->failed);
+}
+
 bool zfile_range_refused(struct zfile *f, uint64_t pos, uint64_t len)
 {
 	_Atomic uint8_t *bits = atomic_load(&f->failed);
