@@ -5,7 +5,9 @@
  * journal), where users look.  Each (file, reason) is said once, however
  * often the file is opened, and no more than LOG_BURST messages go out per
  * LOG_PERIOD seconds: a tree of a million damaged files must not flood the
- * journal; what is held back is counted in the next message.
+ * journal.  What is held back is said in the next periods (the main
+ * thread looks every 200 ms: zlog_tick), LOG_PENDING messages of it; past
+ * that it is counted.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -22,12 +24,16 @@
 #define LOG_PERIOD 10
 /* (file, reason) pairs remembered: past it, old pairs may be said again */
 #define LOG_SEEN_BITS 12
+/* messages held back to be said in later periods; past it, only counted */
+#define LOG_PENDING 64
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static enum zlog_to log_to = ZLOG_STDERR;
 static uint64_t seen[1u << LOG_SEEN_BITS];
 static time_t period_start;
-static unsigned int period_count, held_back;
+static unsigned int period_count, dropped;
+static char pending[LOG_PENDING][1024];
+static unsigned int npending, pending_first;
 
 void zlog_init(enum zlog_to to)
 {
@@ -43,7 +49,7 @@ static uint64_t hash_str(uint64_t h, const char *s)
 	return h;
 }
 
-/* Said before?  Remembers it if not. */
+/* Said before (or to be said)?  Remembers it if not. */
 static bool said_before(const char *what, const char *msg)
 {
 	uint64_t h = hash_str(hash_str(0xcbf29ce484222325ull, what), msg);
@@ -56,7 +62,7 @@ static bool said_before(const char *what, const char *msg)
 	return false;
 }
 
-/* Within the rate limit?  Counts what is held back. */
+/* Within the rate limit?  Counts the message if so. */
 static bool may_say(void)
 {
 	time_t now = time(NULL);
@@ -65,10 +71,8 @@ static bool may_say(void)
 		period_start = now;
 		period_count = 0;
 	}
-	if (period_count >= LOG_BURST) {
-		held_back++;
+	if (period_count >= LOG_BURST)
 		return false;
-	}
 	period_count++;
 	return true;
 }
@@ -81,6 +85,25 @@ static void say(const char *line)
 		fprintf(stderr, "zfolio: %s\n", line);
 }
 
+/* The held-back lines the rate allows now, oldest first, then how many
+ * could not be kept.  log_lock held. */
+static void say_pending(void)
+{
+	char line[64];
+
+	while (npending && may_say()) {
+		say(pending[pending_first]);
+		pending_first = (pending_first + 1) % LOG_PENDING;
+		npending--;
+	}
+	if (!npending && dropped && may_say()) {
+		snprintf(line, sizeof(line), "%u more messages not said",
+			 dropped);
+		say(line);
+		dropped = 0;
+	}
+}
+
 void zlog_file(const char *what, const char *fmt, ...)
 {
 	char msg[512], line[1024];
@@ -90,15 +113,27 @@ void zlog_file(const char *what, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	pthread_mutex_lock(&log_lock);
-	if (!said_before(what, msg) && may_say()) {
-		if (held_back)
-			snprintf(line, sizeof(line),
-				 "%s: %s (and %u messages held back)", what,
-				 msg, held_back);
-		else
+	if (!said_before(what, msg)) {
+		say_pending();
+		if (!npending && may_say()) {
 			snprintf(line, sizeof(line), "%s: %s", what, msg);
-		held_back = 0;
-		say(line);
+			say(line);
+		} else if (npending < LOG_PENDING) {
+			snprintf(pending[(pending_first + npending) %
+					 LOG_PENDING],
+				 sizeof(pending[0]), "%s: %s (held back)", what,
+				 msg);
+			npending++;
+		} else {
+			dropped++;
+		}
 	}
+	pthread_mutex_unlock(&log_lock);
+}
+
+void zlog_tick(void)
+{
+	pthread_mutex_lock(&log_lock);
+	say_pending();
 	pthread_mutex_unlock(&log_lock);
 }

@@ -344,9 +344,11 @@ void loop_wait(struct loop *lp, const char *mountpoint)
 	unsigned int left = lp->n;
 
 	/* a signal sets exited, and may land just before the wait: recheck */
-	while (!stop_signal && !fuse_session_exited(lp->se) && left)
+	while (!stop_signal && !fuse_session_exited(lp->se) && left) {
 		if (worker_left(lp, 200))
 			left--;
+		zlog_tick();
+	}
 	if (stop_signal && mountpoint)
 		zlog_file(mountpoint, "SIG%s: serving what is asked for at most "
 			  "%d ms, then unmounting", sigabbrev_np(stop_signal),

@@ -4,13 +4,14 @@
 changed and damaged datasets are test_damaged.py's), faults above (signals, unmounts), and what the daemon must never do
 (follow links out of the dataset, open device nodes).
 
-    test_faults.py eio | short | direct | corrupt | bigframe | signals |
+    test_faults.py eio | short | direct | corrupt | bigframe | log | signals |
                    security | soak | valgrind
 """
 import ctypes
 import errno
 import os
 import random
+import re
 import shutil
 import signal
 import stat
@@ -536,6 +537,41 @@ def test_bigframe():
                 with open(d + "/mnt/good", "rb") as f:
                     check(f.read() == files["good"], opts + ": good file")
                 check(m.stat()["corrupt_frames"] >= 2, "corrupt_frames not counted")
+
+
+def test_log():
+    """The log says why a file is EIO once per file, at most 20 messages in
+    10 s; what is held back is said in the next 10 s, marked so (it was
+    lost for good when no other message came)."""
+    require_root_fuse()
+    with tmpdir() as d:
+        dst = d + "/dst"
+        os.makedirs(dst)
+        for i in range(25):
+            with open("%s/f%02d.zst" % (dst, i), "wb") as f:
+                f.write(b"plain text, not zstd %d\n" % i)
+
+        def open_all():
+            for i in range(25):
+                try:
+                    open("%s/mnt/f%02d" % (d, i), "rb").close()
+                    fail("f%02d opened" % i)
+                except OSError as e:
+                    check(e.errno == errno.EIO, "f%02d: %s" % (i, e))
+
+        def said():
+            return sorted(set(re.findall(r"f(\d\d)\.zst: ", m.output())))
+        with Mount(dst, d + "/mnt", "budget=8M") as m:
+            open_all()
+            first = said()
+            check(len(first) == 20, "said at first: %d files: %r" % (len(first), m.output()))
+            open_all()  # within the burst's 10 s: nothing more
+            check(said() == first, "said again within the burst: %r" % m.output())
+            time.sleep(9)
+            wait_for(lambda: len(said()) == 25, 5, "the held back never said: %r" %
+                     m.output())
+            check(m.output().count("(held back)") == 5,
+                  "the held back not marked: %r" % m.output())
 
 
 def killed_stuck(dst, mnt):
