@@ -666,8 +666,9 @@ enum zlog_to { ZLOG_STDERR, ZLOG_SYSLOG, ZLOG_NONE };
 void zlog_init(enum zlog_to to);
 void zlog_file(const char *what, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
-/* Say what the rate limit held back, as far as it allows now. */
-void zlog_tick(void);
+/* Say what the rate limit held back, as far as it allows now (all of it:
+ * stop). */
+void zlog_tick(bool stop);
 
 /* watchdog.c: aborts the connection of a daemon that died stuck */
 struct watchdog {

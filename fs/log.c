@@ -6,8 +6,8 @@
  * often the file is opened, and no more than LOG_BURST messages go out per
  * LOG_PERIOD seconds: a tree of a million damaged files must not flood the
  * journal.  What is held back is said in the next periods (the main
- * thread looks every 200 ms: zlog_tick), LOG_PENDING messages of it; past
- * that it is counted.
+ * thread looks every 200 ms: zlog_tick), LOG_PENDING messages of it, the
+ * rest counted; at the stop, all that is left.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -49,23 +49,27 @@ static uint64_t hash_str(uint64_t h, const char *s)
 	return h;
 }
 
-/* Said before (or to be said)?  Remembers it if not. */
-static bool said_before(const char *what, const char *msg)
+/* Said before (or to be said)?  Remembers it in *slot if not. */
+static bool said_before(const char *what, const char *msg, uint64_t **slot)
 {
 	uint64_t h = hash_str(hash_str(0xcbf29ce484222325ull, what), msg);
-	uint64_t *slot = &seen[h >> (64 - LOG_SEEN_BITS)];
 
+	*slot = &seen[h >> (64 - LOG_SEEN_BITS)];
 	h |= 1; /* 0 marks an empty slot */
-	if (*slot == h)
+	if (**slot == h)
 		return true;
-	*slot = h;
+	**slot = h;
 	return false;
 }
 
 /* Within the rate limit?  Counts the message if so. */
 static bool may_say(void)
 {
-	time_t now = time(NULL);
+	struct timespec t;
+	time_t now;
+
+	clock_gettime(CLOCK_MONOTONIC, &t); /* not stalled by a clock set back */
+	now = t.tv_sec;
 
 	if (now - period_start >= LOG_PERIOD) {
 		period_start = now;
@@ -85,18 +89,18 @@ static void say(const char *line)
 		fprintf(stderr, "zfolio: %s\n", line);
 }
 
-/* The held-back lines the rate allows now, oldest first, then how many
- * could not be kept.  log_lock held. */
-static void say_pending(void)
+/* The held-back lines the rate allows now (all of them: at the stop),
+ * oldest first, then how many could not be kept.  log_lock held. */
+static void say_pending(bool all)
 {
 	char line[64];
 
-	while (npending && may_say()) {
+	while (npending && (all || may_say())) {
 		say(pending[pending_first]);
 		pending_first = (pending_first + 1) % LOG_PENDING;
 		npending--;
 	}
-	if (!npending && dropped && may_say()) {
+	if (!npending && dropped && (all || may_say())) {
 		snprintf(line, sizeof(line), "%u more messages not said",
 			 dropped);
 		say(line);
@@ -107,14 +111,15 @@ static void say_pending(void)
 void zlog_file(const char *what, const char *fmt, ...)
 {
 	char msg[512], line[1024];
+	uint64_t *slot;
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	pthread_mutex_lock(&log_lock);
-	if (!said_before(what, msg)) {
-		say_pending();
+	if (!said_before(what, msg, &slot)) {
+		say_pending(false);
 		if (!npending && may_say()) {
 			snprintf(line, sizeof(line), "%s: %s", what, msg);
 			say(line);
@@ -126,14 +131,15 @@ void zlog_file(const char *what, const char *fmt, ...)
 			npending++;
 		} else {
 			dropped++;
+			*slot = 0; /* not said: its next time may be */
 		}
 	}
 	pthread_mutex_unlock(&log_lock);
 }
 
-void zlog_tick(void)
+void zlog_tick(bool stop)
 {
 	pthread_mutex_lock(&log_lock);
-	say_pending();
+	say_pending(stop);
 	pthread_mutex_unlock(&log_lock);
 }

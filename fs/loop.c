@@ -347,8 +347,9 @@ void loop_wait(struct loop *lp, const char *mountpoint)
 	while (!stop_signal && !fuse_session_exited(lp->se) && left) {
 		if (worker_left(lp, 200))
 			left--;
-		zlog_tick();
+		zlog_tick(false);
 	}
+	zlog_tick(true); /* what the log held back, before the stop's line */
 	if (stop_signal && mountpoint)
 		zlog_file(mountpoint, "SIG%s: serving what is asked for at most "
 			  "%d ms, then unmounting", sigabbrev_np(stop_signal),
@@ -361,6 +362,7 @@ void loop_wait(struct loop *lp, const char *mountpoint)
 	push_stop(lp->ds);
 	ktier_halt(&lp->ds->cache); /* the same, for its invalidations */
 	loop_stop(lp);
+	zlog_tick(true); /* and what the drain's reads said */
 	push_free(lp->ds); /* no worker can reach it now */
 	/* detach the mount; closing /dev/fuse later aborts what is queued */
 	fuse_session_unmount(lp->se);

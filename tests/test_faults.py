@@ -541,8 +541,8 @@ def test_bigframe():
 
 def test_log():
     """The log says why a file is EIO once per file, at most 20 messages in
-    10 s; what is held back is said in the next 10 s, marked so (it was
-    lost for good when no other message came)."""
+    10 s; what is held back is said in the next 10 s, marked so, or as the
+    mount stops (it was lost for good when no other message came)."""
     require_root_fuse()
     with tmpdir() as d:
         dst = d + "/dst"
@@ -572,6 +572,10 @@ def test_log():
                      m.output())
             check(m.output().count("(held back)") == 5,
                   "the held back not marked: %r" % m.output())
+        # and what is held back when the mount stops is said as it stops
+        with Mount(dst, d + "/mnt", "budget=8M") as m:
+            open_all()
+        check(len(said()) == 25, "held back at the stop, never said: %r" % m.output())
 
 
 def killed_stuck(dst, mnt):
