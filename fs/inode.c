@@ -88,16 +88,25 @@ struct idle_file {
 };
 
 /* The kept file to let go first, taken off the list (its lock held): the
- * oldest of those without a failed frame, else the oldest. */
+ * oldest of those without a failed frame, unless files with one hold over
+ * half the places (then the oldest of those: they must not push out every
+ * other), or there is no other. */
 static struct idle_file *idle_victim(struct dataset *ds)
 {
-	struct idle_file *e;
+	struct idle_file *e, *healthy = NULL, *failed = NULL;
+	unsigned int nfailed = 0;
 
-	cds_list_for_each_entry(e, &ds->idle_files, link)
-		if (!zfile_has_failed(e->file))
-			goto found;
-	e = cds_list_first_entry(&ds->idle_files, struct idle_file, link);
-found:
+	cds_list_for_each_entry(e, &ds->idle_files, link) {
+		if (!zfile_has_failed(e->file)) {
+			if (!healthy)
+				healthy = e;
+		} else if (!nfailed++) {
+			failed = e;
+		}
+	}
+	e = healthy && nfailed <= IDLE_FILES_MAX / 2 ? healthy
+	    : failed				    ? failed
+						    : healthy;
 	cds_list_del(&e->link);
 	ds->nidle--;
 	return e;
@@ -642,8 +651,10 @@ void inodes_shrink(struct dataset *ds, long target)
 			break;
 		if (pthread_mutex_trylock(&n->lock))
 			continue;
-		/* only the inode holds it: no handle is open on it */
-		if (n->file && atomic_load(&n->file->mapping->refcount) == 1) {
+		/* only the inode holds it: no handle is open on it; and one
+		 * with a failed frame stays, to keep that frame refused */
+		if (n->file && atomic_load(&n->file->mapping->refcount) == 1 &&
+		    !zfile_has_failed(n->file)) {
 			f = n->file;
 			n->file = NULL;
 			cds_list_del_init(&n->file_lru);
