@@ -80,9 +80,8 @@ void set_err(struct store_read *r, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(r->err, sizeof(r->err), fmt, ap);
+	store_format_error(r->err, sizeof(r->err), fmt, ap);
 	va_end(ap);
-	url_hide_passwords(r->err); /* a request's URL in it */
 }
 
 /* r is done: after this the waiter owns it (and may free it at once). */

@@ -4,6 +4,7 @@
 #define ZF_REMOTE_INTERNAL_H
 
 #include <curl/curl.h>
+#include <stdarg.h>
 #include <pthread.h>
 
 #include "remote.h"
@@ -113,6 +114,8 @@ char *store_url(const struct store *s, const char *name, const char *query);
 /* An easy handle with the store's settings (auth, timeouts) for url. */
 CURL *store_easy(struct store_client *c, const char *url);
 void store_easy_release(struct store_client *c, CURL *h);
+/* fmt's text into out (len bytes at most), URLs' passwords hidden */
+void store_format_error(char *out, size_t len, const char *fmt, va_list ap);
 void store_set_error(struct store_client *c, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* The error text of an S3 XML error body ("<Code>...</Code>"), or "". */

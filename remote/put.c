@@ -31,6 +31,8 @@ struct op {
 	int fd;            /* body from fd at off (len bytes), if >= 0 */
 	uint64_t off, len, sent;
 	const char *buf;   /* else from buf */
+	const char *range; /* a GET's bytes ("0-0"), or NULL: all */
+	char code[64];     /* S3's error code of a failed answer, or "" */
 	char *resp;        /* the response body (bounded) */
 	size_t resp_len;
 	char etag[128];
@@ -106,6 +108,8 @@ static int op_send(struct store_client *c, struct op *o)
 		curl_easy_setopt(o->h, CURLOPT_CUSTOMREQUEST, o->method);
 		if (!strcmp(o->method, "HEAD"))
 			curl_easy_setopt(o->h, CURLOPT_NOBODY, 1L);
+		if (o->range)
+			curl_easy_setopt(o->h, CURLOPT_RANGE, o->range);
 	}
 	if (o->len || strcmp(o->method, "HEAD")) {
 		curl_easy_setopt(o->h, CURLOPT_READFUNCTION, op_read);
@@ -146,6 +150,7 @@ static void op_end(struct store_client *c, struct op *o, CURLcode cc)
 	}
 	if (o->resp)
 		store_error_code(o->resp, o->resp_len, code, sizeof(code));
+	memcpy(o->code, code, sizeof(o->code));
 	if (cc != CURLE_OK)
 		store_set_error(c, "%s %s: %s", o->method, o->url,
 				curl_easy_strerror(cc));
@@ -389,11 +394,19 @@ int store_exists(struct store_client *c, const char *name)
 			name);
 
 	/* a HEAD's answer has no body, to tell a bucket that is not there
-	 * from an object that is not: a GET's has (S3's error code) */
+	 * from an object that is not: a GET's has (S3's error code); of its
+	 * first byte, should the object be there by now */
 	if (r == -ENOENT && c->s->s3) {
-		r = op_once(c, (struct op){.method = "GET", .fd = -1, .buf = ""},
-			    name);
-		if (r == -ENOENT && strstr(c->err, "NoSuchBucket"))
+		struct op o = {.method = "GET", .fd = -1, .buf = "",
+			       .range = "0-0"};
+		bool no_bucket;
+
+		if (!(o.url = store_url(c->s, name, NULL)))
+			return -ENOMEM;
+		r = ops_run(c, &o, 1);
+		no_bucket = r == -ENOENT && !strcmp(o.code, "NoSuchBucket");
+		op_free(&o);
+		if (no_bucket)
 			return -ENXIO;
 	}
 	return r == 0 ? 1 : r == -ENOENT ? 0 : r;

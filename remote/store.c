@@ -50,6 +50,9 @@ void url_hide_passwords(char *text)
 	}
 }
 
+static void error_text(char *out, size_t len, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* Where url's host starts, past a user part (user:password@). */
 static const char *url_host(const char *url)
 {
@@ -390,7 +393,7 @@ int store_open(const char *spec, const struct store_options *o,
 	if (s->s3) {
 		r = s3_auth(s, o, err, errlen);
 	} else if (!url_host(spec)[0] || url_host(spec)[0] == '/') {
-		snprintf(err, errlen, "%s: no host", spec);
+		error_text(err, errlen, "%s: no host", spec);
 		r = -EINVAL;
 	} else {
 		r = http_base(s);
@@ -505,14 +508,37 @@ void store_easy_release(struct store_client *c, CURL *h)
 	c->idle[c->nidle++] = h;
 }
 
+void store_format_error(char *out, size_t len, const char *fmt, va_list ap)
+{
+	char *text;
+
+	/* whole, then its passwords hidden, then cut: a cut before a URL's
+	 * '@' would leave its password as it is */
+	if (vasprintf(&text, fmt, ap) < 0) {
+		snprintf(out, len, "out of memory");
+		return;
+	}
+	url_hide_passwords(text);
+	snprintf(out, len, "%s", text);
+	free(text);
+}
+
+static void error_text(char *out, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	store_format_error(out, len, fmt, ap);
+	va_end(ap);
+}
+
 void store_set_error(struct store_client *c, const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	store_format_error(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
-	url_hide_passwords(c->err); /* a request's URL in it */
 }
 
 void store_error_code(const char *body, size_t len, char *out, size_t outlen)

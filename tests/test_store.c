@@ -568,6 +568,14 @@ static void test_passwords(void)
 	CHECK(store_open("http://u:secret@/ds", &o, &st, err, sizeof(err)) <
 	      0);
 	CHECK(!strstr(err, "secret"));
+	/* a message cut short is cut after the password is hidden */
+	{
+		char url[400], small[64];
+
+		snprintf(url, sizeof(url), "http://u:%0300d@/ds", 0);
+		CHECK(store_open(url, &o, &st, small, sizeof(small)) < 0);
+		CHECK(!strstr(small, "000"));
+	}
 }
 
 int main(void)
