@@ -777,8 +777,8 @@ def test_summary():
         os.link(src + "/l", src + "/sub/l2", follow_symlinks=False)
         os.mkfifo(src + "/p")
         os.link(src + "/p", src + "/sub/p2")
-        want = "2 files (0 stored once for several), 1 dirs, 2 links, 2 other " \
-            "(3 of these names hard links to an earlier one)"
+        want = "2 files (0 stored once for several), 1 dirs, 2 links, 2 other; " \
+            "3 of these names hard links to an earlier one;"
         for layout in ("packed", "tree"):
             r = run([MKZFOLIO, "--layout", layout, src, "%s/%s" % (d, layout)])
             check(r.returncode == 0 and want in r.stderr,

@@ -381,8 +381,8 @@ static void print_summary(struct packer *pk, bool quiet)
 			      : 0.0;
 	fprintf(stderr,
 		"%s: %lu files (%lu stored once for several), %lu dirs, "
-		"%lu links, %lu other (%lu of these names hard links to an "
-		"earlier one), %.1f MiB in, %.1f MiB out (ratio %.2f), "
+		"%lu links, %lu other; %lu of these names hard links to an "
+		"earlier one; %.1f MiB in, %.1f MiB out (ratio %.2f), "
 		"%.2f s\n",
 		progname, pk->files, pk->deduped, pk->dirs, pk->links,
 		pk->others, pk->hardlinks, (double)pk->total_in / 1048576.0,

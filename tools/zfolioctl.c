@@ -141,6 +141,8 @@ static void parse_options(int argc, char **argv)
 			opt.ctl = optarg;
 			break;
 		case 'i':
+			if (optarg[0] == HIDDEN_DASH) /* back, for the message */
+				optarg[0] = '-';
 			opt.interval = parse_interval(optarg);
 			break;
 		case 'D':
