@@ -597,6 +597,8 @@ static void daemon_free(struct daemon *d)
 		dataset_close(&d->ds);
 	free(d->fopts.mountpoint);
 	fuse_opt_free_args(&d->args);
+	if (d->opt.dataset) /* a URL's password with it */
+		explicit_bzero(d->opt.dataset, strlen(d->opt.dataset));
 	free(d->opt.dataset);
 	for (size_t i = 0; i < nr_opts; i++) /* the options that are text */
 		if (opt_table[i].type == OPT_NAME ||
